@@ -1,0 +1,23 @@
+"""synclane: sync data from other companies' APIs for many accounts.
+
+Every sync job is one row in a PostgreSQL table you own: its window, its cursor, its attempts,
+its error. `import synclane` imports neither pandas nor Prefect.
+"""
+
+from synclane.app import DatabaseUnavailable, Queue, SyncLane
+from synclane.model import Abandon, ConfigError, Job, Owner, Page, Throttled
+from synclane.store import SchemaError
+
+__all__ = [
+    "Abandon",
+    "ConfigError",
+    "DatabaseUnavailable",
+    "Job",
+    "Owner",
+    "Page",
+    "Queue",
+    "SchemaError",
+    "SyncLane",
+    "Throttled",
+]
+__version__ = "0.1.0"

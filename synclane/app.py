@@ -1,0 +1,538 @@
+"""SyncLane, its queues and the operations on jobs."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import os
+import socket
+import threading
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, TypeVar
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+
+from synclane import planning
+from synclane.model import (
+    STATUSES,
+    ConfigError,
+    Job,
+    JobType,
+    Owner,
+    Page,
+    QueueSettings,
+    SnapshotType,
+    WindowedType,
+    check_aware,
+    check_name,
+    to_duration,
+)
+from synclane.store import Store
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+log = logging.getLogger("synclane")
+
+Handler = Callable[[Job], Page] | Callable[[Job], Awaitable[Page]]
+OwnerSource = Callable[[str], Iterable[Owner | str]] | Callable[[str], Awaitable[Iterable[Owner | str]]]
+H = TypeVar("H", bound=Callable[..., Any])
+
+REQUEUE_STATUSES = ("failed", "deferred", "abandoned")
+
+
+class DatabaseUnavailable(ConnectionError):
+    """PostgreSQL could not be reached. The message never contains the password."""
+
+
+def redact(dsn: str) -> str:
+    """The DSN without its password, for messages and reprs."""
+    if "://" in dsn:
+        parts = urlsplit(dsn)
+        if parts.password is not None:
+            host = parts.hostname or ""
+            if parts.port:
+                host += f":{parts.port}"
+            netloc = f"{parts.username or ''}:***@{host}"
+            return urlunsplit(parts._replace(netloc=netloc))
+        return dsn
+    # key=value form
+    words = [("password=***" if w.lower().startswith("password=") else w) for w in dsn.split()]
+    return " ".join(words)
+
+
+class Queue:
+    """A named group of job types with one worker configuration."""
+
+    def __init__(self, name: str, settings: QueueSettings) -> None:
+        self.name = name
+        self.settings = settings
+        self.types: dict[str, JobType] = {}
+        self.handlers: dict[str, Handler] = {}
+        self.owner_source: OwnerSource | None = None
+
+    def __repr__(self) -> str:
+        return f"Queue({self.name!r}, types={list(self.types)})"
+
+    def owners(self, source: H) -> H:
+        """Decorate the function that says who is connected: `source(queue_name) -> [Owner]`."""
+        if not callable(source):
+            raise ConfigError(f"queue {self.name!r}: @owners needs a function, got {source!r}")
+        self.owner_source = source
+        return source
+
+    def snapshot(self, name: str, *, every: timedelta | float) -> Callable[[H], H]:
+        """Declare a type without a window: one initial job, then one per period."""
+        return self._declare(SnapshotType(name, every=every, priority=len(self.types)))  # type: ignore[arg-type]
+
+    def windowed(
+        self,
+        name: str,
+        *,
+        horizon: timedelta | float,
+        slice: timedelta | float,
+        every: timedelta | float,
+        overlap: timedelta | float = timedelta(0),
+    ) -> Callable[[H], H]:
+        """Declare a type whose history is cut into slices back to `horizon`."""
+        job_type = WindowedType(
+            name,
+            horizon=horizon,  # type: ignore[arg-type]
+            slice=slice,  # type: ignore[arg-type]
+            every=every,  # type: ignore[arg-type]
+            overlap=overlap,  # type: ignore[arg-type]
+            priority=len(self.types),
+        )
+        return self._declare(job_type)
+
+    def _declare(self, job_type: JobType) -> Callable[[H], H]:
+        if job_type.name in self.types:
+            raise ConfigError(
+                f"queue {self.name!r} declares type {job_type.name!r} twice; give each type "
+                "its own name"
+            )
+        self.types[job_type.name] = job_type
+
+        def register(handler: H) -> H:
+            if not callable(handler):
+                raise ConfigError(
+                    f"{self.name}.{job_type.name}: the handler must be a function, got {handler!r}"
+                )
+            self.handlers[job_type.name] = handler
+            return handler
+
+        return register
+
+    def job_type(self, name: str) -> JobType:
+        try:
+            return self.types[name]
+        except KeyError:
+            known = ", ".join(repr(t) for t in self.types) or "none yet"
+            raise ConfigError(
+                f"queue {self.name!r} has no type {name!r} (declared: {known}); declare it with "
+                f"@{self.name}.snapshot(...) or @{self.name}.windowed(...)"
+            ) from None
+
+
+class SyncLane:
+    """The application: a database, a schema, and the queues declared on it."""
+
+    def __init__(
+        self,
+        dsn: str | None = None,
+        *,
+        schema: str = "synclane",
+        create_schema: bool = True,
+        poll_interval: timedelta | float = timedelta(seconds=5),
+        plan_interval: timedelta | float = timedelta(minutes=1),
+        worker_name: str | None = None,
+    ) -> None:
+        if dsn is not None and (not isinstance(dsn, str) or not dsn.strip()):
+            raise ConfigError("dsn must be a PostgreSQL connection string, or None for embedded")
+        self.store = Store(schema)
+        self.schema = self.store.schema
+        self.poll_interval = to_duration("poll_interval", poll_interval)
+        self.plan_interval = to_duration("plan_interval", plan_interval)
+        self.worker_name = check_name(
+            "worker_name", worker_name or f"{socket.gethostname()}:{os.getpid()}"
+        )
+        self.queues: dict[str, Queue] = {}
+        self._embedded = dsn is None
+        if dsn is None:
+            from synclane.embedded import embedded_dsn
+
+            dsn = embedded_dsn()
+        self._dsn = dsn
+        self._conn: psycopg.Connection[Any] | None = None
+        self._conn_lock = threading.RLock()
+        if create_schema:
+            self.migrate()
+
+    def __repr__(self) -> str:
+        where = "embedded" if self._embedded else redact(self._dsn)
+        return f"SyncLane({where!r}, schema={self.schema!r}, queues={list(self.queues)})"
+
+    @property
+    def dsn(self) -> str:
+        return self._dsn
+
+    # -- configuration --------------------------------------------------------------------
+
+    def queue(
+        self,
+        name: str,
+        *,
+        concurrency: int = 1,
+        max_attempts: int = 5,
+        lease_duration: timedelta | float = timedelta(minutes=5),
+        retry_base_delay: timedelta | float = timedelta(minutes=1),
+        retry_max_delay: timedelta | float = timedelta(hours=1),
+        throttle_base_delay: timedelta | float = timedelta(minutes=5),
+        throttle_max_delay: timedelta | float = timedelta(minutes=30),
+    ) -> Queue:
+        """Declare a queue: its types and handlers are declared on the object returned."""
+        check_name("queue name", name)
+        if name in self.queues:
+            raise ConfigError(f"queue {name!r} is declared twice; declare it once and reuse it")
+        try:
+            settings = QueueSettings(
+                concurrency=concurrency,
+                max_attempts=max_attempts,
+                lease_duration=lease_duration,  # type: ignore[arg-type]
+                retry_base_delay=retry_base_delay,  # type: ignore[arg-type]
+                retry_max_delay=retry_max_delay,  # type: ignore[arg-type]
+                throttle_base_delay=throttle_base_delay,  # type: ignore[arg-type]
+                throttle_max_delay=throttle_max_delay,  # type: ignore[arg-type]
+            )
+        except ConfigError as error:
+            raise ConfigError(f"queue {name!r}: {error}") from None
+        queue = Queue(name, settings)
+        self.queues[name] = queue
+        return queue
+
+    def get_queue(self, name: str) -> Queue:
+        try:
+            return self.queues[name]
+        except KeyError:
+            known = ", ".join(repr(q) for q in self.queues) or "none"
+            raise ConfigError(
+                f"unknown queue {name!r} (declared: {known}); declare it with app.queue({name!r})"
+            ) from None
+
+    # -- database -------------------------------------------------------------------------
+
+    def connect(self) -> psycopg.Connection[Any]:
+        """A new autocommit connection on the database clock's time zone, UTC."""
+        try:
+            conn = psycopg.connect(
+                self._dsn, autocommit=True, connect_timeout=10, application_name="synclane"
+            )
+        except psycopg.OperationalError as error:
+            where = "the embedded PostgreSQL" if self._embedded else redact(self._dsn)
+            reason = str(error).strip().splitlines()[-1] if str(error).strip() else "no answer"
+            raise DatabaseUnavailable(
+                f"cannot connect to {where}: {reason}. Check the DSN and that PostgreSQL runs."
+            ) from None
+        conn.execute("SET TIME ZONE 'UTC'")
+        return conn
+
+    @contextmanager
+    def connection(self) -> Iterator[psycopg.Connection[Any]]:
+        """The app's shared connection for operations, reopened when it broke."""
+        with self._conn_lock:
+            if self._conn is None or self._conn.closed or self._conn.broken:
+                self._conn = self.connect()
+            try:
+                yield self._conn
+            except psycopg.OperationalError:
+                self._conn.close()
+                self._conn = None
+                raise
+
+    def close(self) -> None:
+        with self._conn_lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+    def migrate(self) -> int:
+        """Create or upgrade the schema (idempotent; safe when several processes run it)."""
+        with self.connection() as conn:
+            return self.store.migrate(conn)
+
+    # -- planning -------------------------------------------------------------------------
+
+    def plan(
+        self,
+        queue: str | None = None,
+        owner: Owner | str | None = None,
+        horizon: timedelta | float | None = None,
+        type: str | None = None,
+    ) -> dict[str, int]:
+        """Insert the jobs that should exist and do not; returns how many per queue.
+
+        `owner` plans one owner now (an Owner is used as given; a str is looked up in the
+        owner source). `horizon` widens the history of windowed types for this call only (a
+        backfill); `type` limits the call to one type."""
+        if owner is not None and queue is None:
+            raise ConfigError("plan(owner=...) needs the queue too: app.plan('shops', owner)")
+        wider = None if horizon is None else to_duration("horizon", horizon)
+        names = [self.get_queue(queue).name] if queue is not None else list(self.queues)
+        added: dict[str, int] = {}
+        for name in names:
+            added[name] = self._plan_queue(self.queues[name], owner, wider, type)
+        return added
+
+    async def plan_async(
+        self,
+        queue: str | None = None,
+        owner: Owner | str | None = None,
+        horizon: timedelta | float | None = None,
+        type: str | None = None,
+    ) -> dict[str, int]:
+        return await asyncio.to_thread(self.plan, queue, owner, horizon, type)
+
+    def _plan_queue(
+        self, queue: Queue, owner: Owner | str | None, horizon: timedelta | None, type: str | None
+    ) -> int:
+        types = [queue.job_type(type)] if type is not None else list(queue.types.values())
+        if not types:
+            return 0
+        owners = self._owners_to_plan(queue, owner)
+        with self.connection() as conn:
+            now, rows = self.store.plan_read(
+                conn,
+                queue.name,
+                [o.id for o in owners],
+                [(t.name, isinstance(t, WindowedType)) for t in types],
+            )
+            by_id = {o.id: o for o in owners}
+            missing: list[planning.NewJob] = []
+            for row in rows:
+                existing = planning.Existing(
+                    oldest_initial_start=row["oldest_initial_start"],
+                    coverage_end=row["coverage_end"],
+                    initial_created_at=row["initial_created_at"],
+                    open_recurring=row["open_recurring"],
+                    open_any=row["open_any"],
+                )
+                job_type = queue.types[row["type"]]
+                missing += planning.missing_jobs(
+                    job_type, by_id[row["owner"]], existing, now, horizon
+                )
+            added = self.store.insert_jobs(conn, queue.name, missing)
+        if added:
+            log.info(
+                "planned %d new job(s) in queue %s for %d owner(s)", added, queue.name, len(owners)
+            )
+        return added
+
+    def _owners_to_plan(self, queue: Queue, owner: Owner | str | None) -> list[Owner]:
+        if isinstance(owner, Owner):
+            return [owner]
+        if owner is not None:
+            check_name("owner", owner)
+        connected = self.connected_owners(queue.name)
+        if owner is None:
+            return connected
+        # An owner that is not connected (any more) gets nothing planned.
+        return [o for o in connected if o.id == owner]
+
+    def connected_owners(self, queue: str) -> list[Owner]:
+        """Ask the queue's owner source who is connected now."""
+        q = self.get_queue(queue)
+        if q.owner_source is None:
+            raise ConfigError(
+                f"queue {q.name!r} has no owner source, so the planner cannot know who is "
+                f"connected: decorate a function with @{q.name}.owners"
+            )
+        result: Any = q.owner_source(q.name)
+        if inspect.isawaitable(result):
+            result = _run_coroutine(result)
+        owners: dict[str, Owner] = {}
+        for item in result:
+            found = Owner(item) if isinstance(item, str) else item
+            if not isinstance(found, Owner):
+                raise ConfigError(
+                    f"queue {q.name!r}: the owner source returned {item!r}; return Owner(...) "
+                    "objects or owner id strings"
+                )
+            owners.setdefault(found.id, found)
+        return list(owners.values())
+
+    # -- operations -----------------------------------------------------------------------
+
+    def enqueue(
+        self,
+        queue: str,
+        owner: str,
+        type: str,
+        lane: str | None = None,
+        window_start: datetime | None = None,
+        window_end: datetime | None = None,
+        dedup_key: str | None = None,
+    ) -> int:
+        """Add one job by hand (mode 'manual') and return its id. With a dedup_key a second call
+        returns the first job's id instead of adding another."""
+        q = self.get_queue(queue)
+        job_type = q.job_type(type)
+        check_name("owner", owner)
+        if lane is not None:
+            check_name("lane", lane)
+        check_aware("window_start", window_start)
+        check_aware("window_end", window_end)
+        if window_start is not None and window_end is not None and window_start >= window_end:
+            raise ConfigError(
+                f"window_start={window_start} must be before window_end={window_end}"
+            )
+        if dedup_key is not None:
+            check_name("dedup_key", dedup_key)
+            if dedup_key.startswith(("initial", "recurring:")):
+                raise ConfigError(
+                    f"dedup_key {dedup_key!r}: keys starting with 'initial' or 'recurring:' "
+                    "belong to the planner; choose another prefix, e.g. 'manual:...'"
+                )
+        with self.connection() as conn:
+            if lane is None:
+                lane = self._lane_of(q, owner, conn)
+            job_id, _ = self.store.enqueue(
+                conn,
+                {
+                    "queue": q.name,
+                    "owner": owner,
+                    "lane": lane,
+                    "type": job_type.name,
+                    "priority": job_type.priority,
+                    "window_start": window_start,
+                    "window_end": window_end,
+                    "dedup_key": dedup_key,
+                },
+            )
+        return job_id
+
+    def _lane_of(self, queue: Queue, owner: str, conn: psycopg.Connection[Any]) -> str:
+        """An owner's lane: the owner source's word, else its newest job's, else its id."""
+        if queue.owner_source is not None:
+            for candidate in self.connected_owners(queue.name):
+                if candidate.id == owner:
+                    return candidate.lane_key
+        return self.store.owner_lane(conn, queue.name, owner) or owner
+
+    def requeue(
+        self,
+        queue: str,
+        owner: str | None = None,
+        type: str | None = None,
+        *,
+        ids: Sequence[int] | None = None,
+        include_cancelled: bool = False,
+    ) -> int:
+        """Give failed, deferred and abandoned jobs fresh attempts (cancelled ones too when
+        asked). Cursors are kept, so each continues from its last saved page. Returns how many."""
+        q = self.get_queue(queue)
+        if type is not None:
+            q.job_type(type)
+        statuses = REQUEUE_STATUSES + (("cancelled",) if include_cancelled else ())
+        with self.connection() as conn:
+            requeued = self.store.requeue(conn, q.name, owner, type, statuses, ids)
+        if requeued:
+            log.info("requeued %d job(s) in queue %s", len(requeued), q.name)
+        return len(requeued)
+
+    def cancel(self, queue: str, owner: str, reason: str, type: str | None = None) -> int:
+        """Cancel what has not finished for an owner (an account disconnected). A running job's
+        worker learns it at its next page save or heartbeat and stops. Returns how many."""
+        q = self.get_queue(queue)
+        check_name("owner", owner)
+        if type is not None:
+            q.job_type(type)
+        if not isinstance(reason, str) or not reason.strip():
+            raise ConfigError("cancel needs a reason, e.g. cancel('shops', owner, 'disconnected')")
+        error = f"Cancelled: {reason}".replace("\x00", "")
+        with self.connection() as conn:
+            cancelled = self.store.cancel(conn, q.name, owner, type, error[:2000])
+        if cancelled:
+            log.info("cancelled %d job(s) of %s in queue %s: %s", len(cancelled), owner, q.name, reason)
+        return len(cancelled)
+
+    def jobs(
+        self,
+        queue: str | None = None,
+        owner: str | None = None,
+        status: str | Sequence[str] | None = None,
+        type: str | None = None,
+        limit: int = 1000,
+    ) -> pd.DataFrame:
+        """Jobs as a DataFrame, newest first."""
+        from synclane import frames
+
+        if queue is not None:
+            self.get_queue(queue)
+        statuses = None if status is None else ([status] if isinstance(status, str) else list(status))
+        for value in statuses or ():
+            if value not in STATUSES:
+                raise ConfigError(f"unknown status {value!r}; use one of {', '.join(STATUSES)}")
+        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+            raise ConfigError(f"limit={limit!r} must be a whole number >= 1")
+        params = {"queue": queue, "owner": owner, "type": type, "statuses": statuses, "limit": limit}
+        with self.connection() as conn:
+            columns, rows = self.store.list_jobs(conn, params)
+        return frames.jobs_frame(columns, rows)
+
+    def progress(self, queue: str, owner: str | None = None) -> pd.DataFrame:
+        """One row per owner and type: how far the first load is."""
+        from synclane import frames
+
+        q = self.get_queue(queue)
+        with self.connection() as conn:
+            columns, rows = self.store.progress(conn, q.name, owner)
+        return frames.progress_frame(columns, rows)
+
+    # -- workers --------------------------------------------------------------------------
+
+    def run_worker(
+        self, queues: Sequence[str] | None = None, stop_after: timedelta | float | None = None
+    ) -> None:
+        """Run worker slots until SIGINT/SIGTERM or until `stop_after` has passed; running jobs
+        are handed back with their cursors."""
+        from synclane.worker import Worker
+
+        Worker(self, queues, stop_after).run()
+
+    async def run_worker_async(
+        self, queues: Sequence[str] | None = None, stop_after: timedelta | float | None = None
+    ) -> None:
+        from synclane.worker import Worker
+
+        await Worker(self, queues, stop_after).run_async()
+
+
+def _run_coroutine(awaitable: Awaitable[Any]) -> Any:
+    """Await a coroutine from sync code, also where an event loop already runs (Jupyter)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(_awaited(awaitable))
+    result: list[Any] = []
+    errors: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            result.append(asyncio.run(_awaited(awaitable)))
+        except BaseException as error:
+            errors.append(error)
+
+    thread = threading.Thread(target=target, name="synclane-owner-source")
+    thread.start()
+    thread.join()
+    if errors:
+        raise errors[0]
+    return result[0]
+
+
+async def _awaited(awaitable: Awaitable[Any]) -> Any:
+    return await awaitable

@@ -1,0 +1,41 @@
+"""PostgreSQL from the pgserver wheel, for laptops and demos with nothing installed."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+_lock = threading.Lock()
+_servers: dict[Path, Any] = {}
+
+
+def data_dir() -> Path:
+    """Where the embedded database lives: $SYNCLANE_DATA_DIR, else the user's data folder."""
+    configured = os.environ.get("SYNCLANE_DATA_DIR")
+    if configured:
+        return Path(configured).expanduser() / "pgdata"
+    if sys.platform == "win32":
+        base = Path(os.environ.get("LOCALAPPDATA", Path.home() / "AppData" / "Local"))
+    elif sys.platform == "darwin":
+        base = Path.home() / "Library" / "Application Support"
+    else:
+        base = Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share")
+    return base / "synclane" / "pgdata"
+
+
+def embedded_dsn(directory: Path | None = None) -> str:
+    """Start (or join) the embedded server and return its DSN. It stops when the last process
+    that uses it exits; the data stays in the directory for the next run."""
+    import pgserver
+
+    path = (directory or data_dir()).resolve()
+    with _lock:
+        server = _servers.get(path)
+        if server is None:
+            path.mkdir(parents=True, exist_ok=True)
+            server = pgserver.get_server(path, cleanup_mode="stop")
+            _servers[path] = server
+    return str(server.get_uri())

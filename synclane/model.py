@@ -1,0 +1,227 @@
+"""The words of the domain: owners, jobs, pages, settings. Pure values, no I/O."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Literal
+
+STATUSES = ("pending", "running", "completed", "failed", "deferred", "abandoned", "cancelled")
+OPEN_STATUSES = ("pending", "running", "failed", "deferred")
+MODES = ("initial", "recurring", "manual")
+Mode = Literal["initial", "recurring", "manual"]
+
+# Longest text synclane stores for a name (queue, owner, lane, type) and for an error.
+MAX_NAME_LENGTH = 512
+MAX_ERROR_LENGTH = 2000
+
+
+class ConfigError(ValueError):
+    """A setting or an argument is wrong. The message names it and says how to fix it."""
+
+
+def check_name(what: str, value: object) -> str:
+    """A queue, owner, lane or type name: a non-empty string PostgreSQL text can hold."""
+    if not isinstance(value, str):
+        raise ConfigError(f"{what} must be a str, got {type(value).__name__} {value!r}")
+    if not value:
+        raise ConfigError(f"{what} must not be empty")
+    if "\x00" in value:
+        raise ConfigError(f"{what} {value!r} contains a NUL byte, which PostgreSQL text cannot hold")
+    if len(value) > MAX_NAME_LENGTH:
+        raise ConfigError(f"{what} is {len(value)} characters long; keep it to {MAX_NAME_LENGTH}")
+    return value
+
+
+def to_duration(setting: str, value: object, *, allow_zero: bool = False) -> timedelta:
+    """A duration given as a timedelta or as seconds; positive unless allow_zero."""
+    if isinstance(value, timedelta):
+        duration = value
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        if not math.isfinite(value):
+            raise ConfigError(f"{setting}={value!r} is not a finite number of seconds")
+        duration = timedelta(seconds=value)
+    else:
+        raise ConfigError(
+            f"{setting} must be a timedelta or a number of seconds, got {type(value).__name__} "
+            f"{value!r}"
+        )
+    if duration < timedelta(0) or (duration == timedelta(0) and not allow_zero):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ConfigError(f"{setting}={duration} must be {bound}, e.g. timedelta(minutes=5)")
+    return duration
+
+
+def check_aware(setting: str, value: datetime | None) -> datetime | None:
+    """Windows are instants: a naive datetime would mean a different time on every machine."""
+    if value is None:
+        return None
+    if not isinstance(value, datetime):
+        raise ConfigError(f"{setting} must be a datetime, got {type(value).__name__} {value!r}")
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise ConfigError(
+            f"{setting}={value!r} has no time zone; pass an aware datetime such as "
+            "datetime(2026, 1, 1, tzinfo=timezone.utc)"
+        )
+    return value
+
+
+@dataclass(frozen=True)
+class Owner:
+    """One connected account. Owners that share a rate limit share a lane."""
+
+    id: str
+    lane: str | None = None
+
+    def __post_init__(self) -> None:
+        check_name("Owner id", self.id)
+        if self.lane is not None:
+            check_name(f"lane of owner {self.id!r}", self.lane)
+
+    @property
+    def lane_key(self) -> str:
+        return self.lane if self.lane is not None else self.id
+
+
+@dataclass(frozen=True)
+class Job:
+    """What a handler receives: one row of the table, read-only."""
+
+    id: int
+    queue: str
+    owner: str
+    lane: str
+    type: str
+    mode: Mode
+    window_start: datetime | None
+    window_end: datetime | None
+    cursor: str | None
+    attempt_count: int
+    processed_count: int
+
+
+@dataclass(frozen=True)
+class Page:
+    """A handler's answer: where the next page starts (None: done) and how many records it saw."""
+
+    next_cursor: str | None
+    count: int = 0
+
+    def __post_init__(self) -> None:
+        if self.next_cursor is not None and not isinstance(self.next_cursor, str):
+            raise TypeError(
+                f"Page.next_cursor must be a str or None, got {type(self.next_cursor).__name__} "
+                f"{self.next_cursor!r}; convert it with str()"
+            )
+        if self.next_cursor is not None and "\x00" in self.next_cursor:
+            raise ValueError("Page.next_cursor contains a NUL byte, which PostgreSQL cannot store")
+        if not isinstance(self.count, int) or isinstance(self.count, bool) or self.count < 0:
+            raise ValueError(f"Page.count must be an int >= 0, got {self.count!r}")
+
+
+class Throttled(Exception):  # noqa: N818 - the name is what a handler says, like Abandon
+    """The other side asked to slow down: pause the whole lane, keep the attempt."""
+
+    def __init__(self, retry_after: timedelta | float | None = None, message: str = "") -> None:
+        self.retry_after = (
+            None if retry_after is None else to_duration("retry_after", retry_after, allow_zero=True)
+        )
+        super().__init__(message or "the API asked to slow down")
+
+
+class Abandon(Exception):  # noqa: N818 - a handler's instruction, not an error type
+    """A retry cannot help (access revoked, account gone): stop at once and wait for a human."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(reason)
+
+
+@dataclass(frozen=True)
+class QueueSettings:
+    concurrency: int = 1
+    max_attempts: int = 5
+    lease_duration: timedelta = timedelta(minutes=5)
+    retry_base_delay: timedelta = timedelta(minutes=1)
+    retry_max_delay: timedelta = timedelta(hours=1)
+    throttle_base_delay: timedelta = timedelta(minutes=5)
+    throttle_max_delay: timedelta = timedelta(minutes=30)
+
+    def __post_init__(self) -> None:
+        for name in ("concurrency", "max_attempts"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"{name}={value!r} must be a whole number >= 1")
+        for name in (
+            "lease_duration",
+            "retry_base_delay",
+            "retry_max_delay",
+            "throttle_base_delay",
+            "throttle_max_delay",
+        ):
+            object.__setattr__(self, name, to_duration(name, getattr(self, name)))
+        if self.lease_duration < timedelta(seconds=1):
+            raise ConfigError(
+                f"lease_duration={self.lease_duration} is too short to renew in time; use >= 1 s"
+            )
+        if self.retry_base_delay > self.retry_max_delay:
+            raise ConfigError(
+                f"retry_base_delay={self.retry_base_delay} exceeds retry_max_delay="
+                f"{self.retry_max_delay}; raise retry_max_delay or lower the base"
+            )
+        if self.throttle_base_delay > self.throttle_max_delay:
+            raise ConfigError(
+                f"throttle_base_delay={self.throttle_base_delay} exceeds throttle_max_delay="
+                f"{self.throttle_max_delay}; raise throttle_max_delay or lower the base"
+            )
+
+
+@dataclass(frozen=True)
+class SnapshotType:
+    """No window: one initial job, then one recurring job per period."""
+
+    name: str
+    every: timedelta
+    priority: int = 0
+    kind: Literal["snapshot"] = field(default="snapshot", init=False)
+
+    def __post_init__(self) -> None:
+        check_name("type name", self.name)
+        object.__setattr__(self, "every", to_duration(f"{self.name}: every", self.every))
+
+
+@dataclass(frozen=True)
+class WindowedType:
+    """History cut into slices back to a horizon, then one recurring job per period."""
+
+    name: str
+    horizon: timedelta
+    slice: timedelta
+    every: timedelta
+    overlap: timedelta = timedelta(0)
+    priority: int = 0
+    kind: Literal["windowed"] = field(default="windowed", init=False)
+
+    def __post_init__(self) -> None:
+        check_name("type name", self.name)
+        name = self.name
+        for setting in ("horizon", "slice", "every"):
+            value = to_duration(f"{name}: {setting}", getattr(self, setting))
+            object.__setattr__(self, setting, value)
+        object.__setattr__(
+            self, "overlap", to_duration(f"{name}: overlap", self.overlap, allow_zero=True)
+        )
+        if self.slice > self.horizon:
+            raise ConfigError(
+                f"{name}: slice={self.slice} is longer than horizon={self.horizon}; "
+                "use a slice no longer than the horizon"
+            )
+        if self.overlap >= self.every:
+            raise ConfigError(
+                f"{name}: overlap={self.overlap} must be shorter than every={self.every}, "
+                "or each refresh would reload more than a whole period"
+            )
+
+
+JobType = SnapshotType | WindowedType

@@ -1,0 +1,127 @@
+"""What should exist: a pure function of a type's settings, an owner, what exists, and now.
+
+The planner reads what exists in one query, calls `missing_jobs` for every owner and type, and
+inserts the result in one statement with ON CONFLICT DO NOTHING. Nothing here touches the
+database, so the rules below are tested on their own (see docs/planning.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from synclane.model import JobType, Mode, Owner, SnapshotType, WindowedType
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+@dataclass(frozen=True)
+class Existing:
+    """What the table already holds for one owner and type (read by one query)."""
+
+    oldest_initial_start: datetime | None = None  # window_start of the oldest initial slice
+    coverage_end: datetime | None = None  # latest window_end of any job of the type
+    initial_created_at: datetime | None = None  # a snapshot type's initial job
+    open_recurring: bool = False  # a recurring job is pending, running or failed
+    open_any: bool = False  # any job is pending, running or failed
+
+
+@dataclass(frozen=True)
+class NewJob:
+    owner: str
+    lane: str
+    type: str
+    mode: Mode
+    priority: int
+    window_start: datetime | None
+    window_end: datetime | None
+    dedup_key: str
+
+
+def iso(moment: datetime) -> str:
+    """The instant as ISO-8601 UTC with a Z; microseconds only when there are some."""
+    utc = moment.astimezone(UTC)
+    text = utc.strftime("%Y-%m-%dT%H:%M:%S")
+    if utc.microsecond:
+        text += f".{utc.microsecond:06d}"
+    return text + "Z"
+
+
+def period_start(moment: datetime, every: timedelta) -> datetime:
+    """Periods are aligned to the clock: 15 minutes means :00, :15, :30, :45; a day, midnight UTC."""
+    return EPOCH + ((moment - EPOCH) // every) * every
+
+
+def midnight(moment: datetime) -> datetime:
+    return period_start(moment, timedelta(days=1))
+
+
+def missing_jobs(
+    job_type: JobType,
+    owner: Owner,
+    existing: Existing,
+    now: datetime,
+    horizon: timedelta | None = None,
+) -> list[NewJob]:
+    """The jobs of one owner and type that should exist now and do not."""
+    if isinstance(job_type, SnapshotType):
+        return _snapshot(job_type, owner, existing, now)
+    return _windowed(job_type, owner, existing, now, horizon or job_type.horizon)
+
+
+def _job(
+    job_type: JobType,
+    owner: Owner,
+    mode: Mode,
+    key: str,
+    start: datetime | None = None,
+    end: datetime | None = None,
+) -> NewJob:
+    return NewJob(owner.id, owner.lane_key, job_type.name, mode, job_type.priority, start, end, key)
+
+
+def _snapshot(job_type: SnapshotType, owner: Owner, existing: Existing, now: datetime) -> list[NewJob]:
+    if existing.initial_created_at is None:
+        return [_job(job_type, owner, "initial", "initial")]
+    period = period_start(now, job_type.every)
+    # The first load covers its own period; a slow lane must not pile up refreshes.
+    if existing.open_any or period_start(existing.initial_created_at, job_type.every) == period:
+        return []
+    return [_job(job_type, owner, "recurring", f"recurring:{iso(period)}")]
+
+
+def _windowed(
+    job_type: WindowedType, owner: Owner, existing: Existing, now: datetime, horizon: timedelta
+) -> list[NewJob]:
+    jobs: list[NewJob] = []
+    today = midnight(now)
+    limit = today - horizon
+    # History grows backwards only, from the oldest slice that exists, so that slices made on
+    # earlier days never shift and a wider horizon adds just the older part.
+    first_plan = existing.oldest_initial_start is None
+    end = today if existing.oldest_initial_start is None else existing.oldest_initial_start
+    while end > limit:
+        start = max(end - job_type.slice, limit)
+        jobs.append(_job(job_type, owner, "initial", f"initial:{iso(start)}", start, end))
+        end = start
+
+    coverage_end = existing.coverage_end
+    if first_plan and (coverage_end is None or coverage_end < today):
+        coverage_end = today
+    if existing.open_recurring or coverage_end is None:
+        return jobs
+    # A refresh starts where coverage ends (minus the overlap) and ends now; a gap longer than a
+    # slice (the system was down) is cut into slices so that no job covers weeks at once.
+    start = coverage_end - job_type.overlap
+    if start >= now:
+        return jobs
+    period = iso(period_start(now, job_type.every))
+    pieces: list[tuple[datetime, datetime]] = []
+    while start + job_type.slice < now:
+        pieces.append((start, start + job_type.slice))
+        start += job_type.slice
+    pieces.append((start, now))
+    for number, (piece_start, piece_end) in enumerate(pieces, start=1):
+        key = f"recurring:{period}" if number == len(pieces) else f"recurring:{period}:{number}"
+        jobs.append(_job(job_type, owner, "recurring", key, piece_start, piece_end))
+    return jobs

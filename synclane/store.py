@@ -1,0 +1,274 @@
+"""The only module that runs SQL. It knows statements and rows, nothing of handlers or owners."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from importlib import resources
+from typing import Any
+from uuid import UUID
+
+import psycopg
+from psycopg import sql
+from psycopg.rows import dict_row
+
+from synclane.model import ConfigError
+from synclane.planning import NewJob
+
+SCHEMA_VERSION = 1
+# How many jobs at the front of the line the take statement looks at before it searches lane by
+# lane (see docs/performance.md: the front answers in well under a millisecond).
+FRONT_SIZE = 64
+
+_NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+
+
+def _read(filename: str) -> str:
+    return resources.files("synclane").joinpath("sql", filename).read_text(encoding="utf-8")
+
+
+def load_queries(text: str) -> dict[str, str]:
+    """Split queries.sql at its `-- name: x` headers."""
+    parts = _NAME.split(text)
+    return {name: body.strip() for name, body in zip(parts[1::2], parts[2::2], strict=True)}
+
+
+QUERIES = load_queries(_read("queries.sql"))
+SCHEMA_SQL = _read("schema.sql")
+
+
+def render(template: str, schema: str) -> sql.Composed:
+    """The schema goes in as a quoted identifier, never as text."""
+    return sql.SQL(template).format(schema=sql.Identifier(schema))  # type: ignore[arg-type]
+
+
+def schema_ddl(schema: str) -> str:
+    """The DDL as text for one schema (what docs/schema.sql holds for "synclane")."""
+    return render(SCHEMA_SQL, schema).as_string(None)
+
+
+def check_schema_name(schema: object) -> str:
+    if not isinstance(schema, str) or not schema:
+        raise ConfigError(f"schema must be a non-empty str, got {schema!r}")
+    if "\x00" in schema or len(schema) > 63:
+        raise ConfigError(
+            f"schema {schema!r} is not a PostgreSQL identifier (at most 63 bytes, no NUL byte)"
+        )
+    if schema.startswith("pg_"):
+        raise ConfigError(f"schema {schema!r}: names starting with pg_ are reserved by PostgreSQL")
+    return schema
+
+
+@dataclass(frozen=True)
+class TakenJob:
+    id: int
+    queue: str
+    owner: str
+    lane: str
+    type: str
+    mode: str
+    window_start: datetime | None
+    window_end: datetime | None
+    cursor: str | None
+    attempt_count: int
+    throttle_count: int
+    processed_count: int
+    lease_token: UUID
+    previous_status: str
+
+
+class SchemaError(RuntimeError):
+    """The schema is missing, or was made by a newer synclane."""
+
+
+class Store:
+    """Statements bound to one schema. Sync methods take a Connection, async ones (a_*) an
+    AsyncConnection; every method is one statement (or one transaction, for migrate)."""
+
+    def __init__(self, schema: str) -> None:
+        self.schema = check_schema_name(schema)
+        self._queries = {name: render(text, self.schema) for name, text in QUERIES.items()}
+
+    def query(self, name: str) -> sql.Composed:
+        return self._queries[name]
+
+    # -- schema ---------------------------------------------------------------------------
+
+    def current_version(self, conn: psycopg.Connection[Any]) -> int | None:
+        present = conn.execute(self.query("schema_exists"), {"schema": self.schema}).fetchone()
+        if not present or not present[0]:
+            return None
+        row = conn.execute(self.query("schema_version")).fetchone()
+        return None if row is None else row[0]
+
+    def migrate(self, conn: psycopg.Connection[Any]) -> int:
+        """Create or upgrade the schema; safe when several processes start at once."""
+        version = self.current_version(conn)
+        conn.commit()
+        if version == SCHEMA_VERSION:
+            return version
+        self._refuse_newer(version)
+        with conn.transaction():
+            conn.execute(self.query("migration_lock"), {"schema": self.schema})
+            conn.execute(render(SCHEMA_SQL, self.schema))
+        return SCHEMA_VERSION
+
+    def check_version(self, conn: psycopg.Connection[Any]) -> None:
+        version = self.current_version(conn)
+        conn.commit()
+        if version is None:
+            raise SchemaError(
+                f"schema {self.schema!r} has no synclane table: run app.migrate() (or "
+                "`synclane migrate`), or apply docs/schema.sql, or pass create_schema=True"
+            )
+        self._refuse_newer(version)
+        if version < SCHEMA_VERSION:
+            raise SchemaError(
+                f"schema {self.schema!r} is at version {version}, this synclane needs "
+                f"{SCHEMA_VERSION}: run app.migrate()"
+            )
+
+    def _refuse_newer(self, version: int | None) -> None:
+        if version is not None and version > SCHEMA_VERSION:
+            raise SchemaError(
+                f"schema {self.schema!r} was created by a newer synclane (schema version "
+                f"{version}, this one knows {SCHEMA_VERSION}); upgrade synclane instead of "
+                "letting an older one write to it"
+            )
+
+    # -- planning -------------------------------------------------------------------------
+
+    def plan_read(
+        self,
+        conn: psycopg.Connection[Any],
+        queue: str,
+        owners: Sequence[str],
+        types: Sequence[tuple[str, bool]],
+    ) -> tuple[datetime, list[dict[str, Any]]]:
+        """One read: the database clock and, per owner and type, what exists."""
+        with conn.cursor(row_factory=dict_row) as cur:
+            if not owners or not types:
+                row = cur.execute(self.query("database_now")).fetchone()
+                assert row is not None
+                return row["now"], []
+            rows = cur.execute(
+                self.query("plan_read"),
+                {
+                    "queue": queue,
+                    "owners": list(owners),
+                    "types": [name for name, _ in types],
+                    "windowed": [windowed for _, windowed in types],
+                },
+            ).fetchall()
+        return rows[0]["now"], rows
+
+    def insert_jobs(self, conn: psycopg.Connection[Any], queue: str, jobs: Sequence[NewJob]) -> int:
+        """One insert; returns how many rows were new."""
+        if not jobs:
+            return 0
+        cur = conn.execute(
+            self.query("insert_jobs"),
+            {
+                "queue": queue,
+                "owners": [j.owner for j in jobs],
+                "lanes": [j.lane for j in jobs],
+                "types": [j.type for j in jobs],
+                "modes": [j.mode for j in jobs],
+                "priorities": [j.priority for j in jobs],
+                "starts": [j.window_start for j in jobs],
+                "ends": [j.window_end for j in jobs],
+                "keys": [j.dedup_key for j in jobs],
+            },
+        )
+        return cur.rowcount
+
+    # -- operations -----------------------------------------------------------------------
+
+    def enqueue(self, conn: psycopg.Connection[Any], params: Mapping[str, Any]) -> tuple[int, bool]:
+        """Returns the job id and whether it is new (False: the dedup key named an existing job)."""
+        row = conn.execute(self.query("enqueue_job"), params).fetchone()
+        if row is not None:
+            return row[0], True
+        row = conn.execute(self.query("job_by_dedup_key"), params).fetchone()
+        assert row is not None, "a dedup conflict names an existing row"
+        return row[0], False
+
+    def owner_lane(self, conn: psycopg.Connection[Any], queue: str, owner: str) -> str | None:
+        row = conn.execute(self.query("owner_lane"), {"queue": queue, "owner": owner}).fetchone()
+        return None if row is None else row[0]
+
+    def requeue(
+        self,
+        conn: psycopg.Connection[Any],
+        queue: str,
+        owner: str | None,
+        type: str | None,
+        statuses: Iterable[str],
+        ids: Sequence[int] | None,
+    ) -> list[int]:
+        params = {
+            "queue": queue,
+            "owner": owner,
+            "type": type,
+            "statuses": list(statuses),
+            "ids": None if ids is None else list(ids),
+        }
+        return [row[0] for row in conn.execute(self.query("requeue_jobs"), params).fetchall()]
+
+    def cancel(
+        self, conn: psycopg.Connection[Any], queue: str, owner: str, type: str | None, error: str
+    ) -> list[int]:
+        params = {"queue": queue, "owner": owner, "type": type, "error": error}
+        return [row[0] for row in conn.execute(self.query("cancel_jobs"), params).fetchall()]
+
+    def list_jobs(
+        self, conn: psycopg.Connection[Any], params: Mapping[str, Any]
+    ) -> tuple[list[str], list[tuple[Any, ...]]]:
+        cur = conn.execute(self.query("list_jobs"), params)
+        return [d.name for d in cur.description or []], cur.fetchall()
+
+    def progress(
+        self, conn: psycopg.Connection[Any], queue: str, owner: str | None
+    ) -> tuple[list[str], list[tuple[Any, ...]]]:
+        cur = conn.execute(self.query("progress"), {"queue": queue, "owner": owner})
+        return [d.name for d in cur.description or []], cur.fetchall()
+
+    # -- worker (async) -------------------------------------------------------------------
+
+    async def a_take(
+        self, conn: psycopg.AsyncConnection[Any], queue: str, worker: str, lease: timedelta
+    ) -> TakenJob | None:
+        """Takes one job, or None. Raises psycopg.errors.UniqueViolation when another slot won
+        the lane at the same instant: the caller asks again."""
+        cur = conn.cursor(row_factory=dict_row)
+        params = {"queue": queue, "worker": worker, "lease": lease, "front": FRONT_SIZE}
+        await cur.execute(self.query("take_job"), params)
+        row = await cur.fetchone()
+        return None if row is None else TakenJob(**row)
+
+    async def a_guarded(
+        self, conn: psycopg.AsyncConnection[Any], name: str, params: Mapping[str, Any]
+    ) -> bool:
+        """Runs a statement guarded by id, lease token and status: False when the lease is lost."""
+        cur = await conn.execute(self.query(name), params)
+        if name == "throttle_job":
+            return (await cur.fetchone()) is not None
+        return cur.rowcount > 0
+
+    async def a_fail(
+        self, conn: psycopg.AsyncConnection[Any], params: Mapping[str, Any]
+    ) -> tuple[str, datetime] | None:
+        cur = await conn.execute(self.query("fail_job"), params)
+        row = await cur.fetchone()
+        return None if row is None else (row[0], row[1])
+
+    async def a_reclaim(
+        self, conn: psycopg.AsyncConnection[Any], queue: str, max_attempts: int
+    ) -> list[dict[str, Any]]:
+        cur = conn.cursor(row_factory=dict_row)
+        await cur.execute(
+            self.query("reclaim_expired"), {"queue": queue, "max_attempts": max_attempts}
+        )
+        return await cur.fetchall()
