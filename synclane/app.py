@@ -496,19 +496,20 @@ class SyncLane:
 
     def run_worker(
         self, queues: Sequence[str] | None = None, stop_after: timedelta | float | None = None
-    ) -> None:
+    ) -> dict[str, int]:
         """Run worker slots until SIGINT/SIGTERM or until `stop_after` has passed; running jobs
-        are handed back with their cursors."""
+        are handed back with their cursors. Returns what the slots did, e.g. {'completed': 12}."""
         from synclane.worker import Worker
 
-        Worker(self, queues, stop_after).run()
+        return Worker(self, queues, stop_after).run()
 
     async def run_worker_async(
         self, queues: Sequence[str] | None = None, stop_after: timedelta | float | None = None
-    ) -> None:
+    ) -> dict[str, int]:
+        """The async twin of run_worker, for code that already runs an event loop."""
         from synclane.worker import Worker
 
-        await Worker(self, queues, stop_after).run_async()
+        return await Worker(self, queues, stop_after).run_async()
 
 
 def _run_coroutine(awaitable: Awaitable[Any]) -> Any:

@@ -1,0 +1,515 @@
+"""Worker slots: take the best job of a free lane, run it page by page under a lease, finish.
+
+Every write about a running job is guarded by its id, its lease token and status = 'running'
+(statements in sql/queries.sql); a write that matches no row means the lease was lost, and the
+slot stops that job at once without writing anything more.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import inspect
+import logging
+import random
+import signal
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+from psycopg import errors
+from psycopg_pool import AsyncConnectionPool
+
+from synclane.model import MAX_ERROR_LENGTH, Abandon, ConfigError, Job, Page, Throttled, to_duration
+from synclane.store import TakenJob
+
+if TYPE_CHECKING:
+    from synclane.app import Queue, SyncLane
+
+log = logging.getLogger("synclane")
+
+# How long a worker keeps retrying a write while the database is away before it leaves the job
+# to lease expiry (another worker, or this one, reclaims it then).
+_OUTAGE_BACKOFF = (0.2, 0.5, 1.0, 2.0, 5.0)
+
+
+def error_text(error: BaseException) -> str:
+    """'<ExceptionType>: <message>', bounded, without NUL bytes PostgreSQL cannot store."""
+    error = getattr(error, "original", error)
+    message = str(error).replace("\x00", "")
+    text = f"{type(error).__name__}: {message}" if message else type(error).__name__
+    if len(text) > MAX_ERROR_LENGTH:
+        text = text[: MAX_ERROR_LENGTH - 1] + "…"
+    return text
+
+
+def retry_delay(attempt: int, base: timedelta, cap: timedelta) -> timedelta:
+    """base · 2^(attempt−1), capped, with up to ±10 % jitter so that a failed lane does not
+    retry in lockstep with its neighbours."""
+    exponent = max(attempt - 1, 0)
+    delay = cap if exponent >= 40 else min(base * (2**exponent), cap)
+    return delay * random.uniform(0.9, 1.1)
+
+
+def describe(job: TakenJob | Job) -> str:
+    window = ""
+    if job.window_start is not None or job.window_end is not None:
+        start = job.window_start.isoformat() if job.window_start else "…"
+        end = job.window_end.isoformat() if job.window_end else "…"
+        window = f" window={start}..{end}"
+    return f"job {job.id} owner={job.owner} lane={job.lane} type={job.type}{window}"
+
+
+class LeaseLost(Exception):  # noqa: N818 - a state, raised to unwind a job's run
+    """A guarded write matched no row: another worker owns the job, or it was cancelled."""
+
+
+class Stopping(Exception):  # noqa: N818 - a state, raised to unwind a job's run
+    """The worker is stopping: hand the job back."""
+
+
+class Worker:
+    """`concurrency` slots per queue in one process, plus a planner and a lease reclaimer."""
+
+    def __init__(
+        self,
+        app: SyncLane,
+        queues: Sequence[str] | None = None,
+        stop_after: timedelta | float | None = None,
+    ) -> None:
+        self.app = app
+        names = list(app.queues) if queues is None else list(queues)
+        if isinstance(queues, str):
+            names = [queues]
+        self.queues: list[Queue] = [app.get_queue(name) for name in names]
+        if not self.queues:
+            raise ConfigError("no queue to work: declare one with app.queue(...)")
+        for queue in self.queues:
+            for type_name in queue.types:
+                if type_name not in queue.handlers:
+                    raise ConfigError(
+                        f"{queue.name}.{type_name} has no handler: decorate a function with "
+                        f"@{queue.name}.snapshot/windowed({type_name!r}, ...)"
+                    )
+        self.stop_after = None if stop_after is None else to_duration("stop_after", stop_after)
+        self.report: Counter[str] = Counter()
+        self._stop: asyncio.Event | None = None
+        self._wake: asyncio.Event | None = None
+        self._pool: AsyncConnectionPool[Any] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop_requested = False
+
+    # -- life cycle -----------------------------------------------------------------------
+
+    def run(self) -> dict[str, int]:
+        return asyncio.run(self.run_async())
+
+    def stop(self) -> None:
+        """Ask the worker to stop: slots hand their jobs back and return. Callable from any
+        thread."""
+        self._stop_requested = True
+        if self._stop is None or self._loop is None:
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is self._loop:
+            self._stop.set()
+        else:
+            self._loop.call_soon_threadsafe(self._stop.set)
+
+    async def run_async(self) -> dict[str, int]:
+        loop = self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        if self._stop_requested:
+            self._stop.set()
+        self._wake = asyncio.Event()
+        slots = sum(q.settings.concurrency for q in self.queues)
+        self._pool = AsyncConnectionPool(
+            self.app.dsn,
+            min_size=1,
+            max_size=slots + 2,
+            kwargs={"autocommit": True, "application_name": "synclane-worker"},
+            configure=_configure,
+            check=AsyncConnectionPool.check_connection,
+            open=False,
+            name="synclane",
+        )
+        await self._pool.open()
+        installed = self._install_signal_handlers(loop)
+        log.info(
+            "worker %s started: %s",
+            self.app.worker_name,
+            ", ".join(f"{q.name}×{q.settings.concurrency}" for q in self.queues),
+        )
+        helpers = [asyncio.create_task(self._plan_loop()), asyncio.create_task(self._reclaim_loop())]
+        if self.stop_after is not None:
+            helpers.append(asyncio.create_task(self._stop_later(self.stop_after)))
+        try:
+            slot_tasks = [
+                asyncio.create_task(self._slot(queue, number))
+                for queue in self.queues
+                for number in range(queue.settings.concurrency)
+            ]
+            try:
+                await asyncio.wait(slot_tasks)
+            except asyncio.CancelledError:
+                # Cancelled from outside (a task group, an orchestrator): stop the slots through
+                # the same path as a signal, so that every job is handed back before we return.
+                self._stop.set()
+                await asyncio.wait(slot_tasks)
+                raise
+        finally:
+            self._stop.set()
+            for task in helpers:
+                task.cancel()
+            await asyncio.gather(*helpers, return_exceptions=True)
+            for sig in installed:
+                loop.remove_signal_handler(sig)
+            await self._pool.close()
+            log.info("worker %s stopped: %s", self.app.worker_name, dict(self.report))
+        return dict(self.report)
+
+    def _install_signal_handlers(self, loop: asyncio.AbstractEventLoop) -> list[signal.Signals]:
+        if threading.current_thread() is not threading.main_thread():
+            return []
+        installed = []
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                loop.add_signal_handler(sig, self._on_signal, sig)
+            except (NotImplementedError, RuntimeError):  # Windows, or a loop without signals
+                continue
+            installed.append(sig)
+        return installed
+
+    def _on_signal(self, sig: signal.Signals) -> None:
+        log.info("worker %s received %s: handing jobs back", self.app.worker_name, sig.name)
+        self.stop()
+
+    async def _stop_later(self, after: timedelta) -> None:
+        await asyncio.sleep(after.total_seconds())
+        log.info("worker %s: time budget of %s used, stopping", self.app.worker_name, after)
+        self.stop()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop is not None and self._stop.is_set()
+
+    async def _pause(self, seconds: float) -> None:
+        """Sleep until the timeout, a nudge (new work may be there) or the stop."""
+        assert self._stop is not None and self._wake is not None
+        waiters = [asyncio.ensure_future(self._stop.wait()), asyncio.ensure_future(self._wake.wait())]
+        try:
+            await asyncio.wait(waiters, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
+
+    def _nudge(self) -> None:
+        """Wake idle slots: planning or reclaiming may have made work."""
+        assert self._wake is not None
+        self._wake.set()
+        self._wake = asyncio.Event()
+
+    # -- background duties ----------------------------------------------------------------
+
+    async def _plan_loop(self) -> None:
+        plannable = [q for q in self.queues if q.types and q.owner_source is not None]
+        while not self.stopping and plannable:
+            for queue in plannable:
+                try:
+                    added = await asyncio.to_thread(self.app.plan, queue.name)
+                except Exception as error:
+                    log.error("planning queue %s failed: %s", queue.name, error_text(error))
+                    continue
+                if added.get(queue.name):
+                    self._nudge()
+            await self._pause_for_stop(self.app.plan_interval.total_seconds())
+
+    async def _reclaim_loop(self) -> None:
+        assert self._pool is not None
+        interval = self.app.poll_interval.total_seconds()
+        while not self.stopping:
+            for queue in self.queues:
+                try:
+                    async with self._pool.connection() as conn:
+                        rows = await self.app.store.a_reclaim(
+                            conn, queue.name, queue.settings.max_attempts
+                        )
+                except psycopg.Error as error:
+                    log.warning("reclaiming expired leases failed: %s", error_text(error))
+                    continue
+                for row in rows:
+                    self.report["reclaimed"] += 1
+                    log.warning(
+                        "job %s owner=%s lane=%s type=%s: lease expired, reclaimed as %s",
+                        row["id"],
+                        row["owner"],
+                        row["lane"],
+                        row["type"],
+                        row["status"],
+                    )
+                if rows:
+                    self._nudge()
+            await self._pause_for_stop(interval)
+
+    async def _pause_for_stop(self, seconds: float) -> None:
+        assert self._stop is not None
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stop.wait(), timeout=seconds)
+
+    # -- one slot -------------------------------------------------------------------------
+
+    async def _slot(self, queue: Queue, number: int) -> None:
+        while not self.stopping:
+            try:
+                await self._slot_loop(queue, number)
+            except Exception:  # a bug of ours must not silently cost a slot
+                log.exception("slot %s/%d crashed; restarting it", queue.name, number)
+                await self._pause_for_stop(self.app.poll_interval.total_seconds())
+
+    async def _slot_loop(self, queue: Queue, number: int) -> None:
+        outage = 0
+        while not self.stopping:
+            try:
+                taken = await self._take(queue)
+            except psycopg.OperationalError as error:
+                delay = _OUTAGE_BACKOFF[min(outage, len(_OUTAGE_BACKOFF) - 1)]
+                outage += 1
+                log.warning(
+                    "slot %s/%d cannot reach the database (%s); retrying in %.1f s",
+                    queue.name,
+                    number,
+                    error_text(error),
+                    delay,
+                )
+                await self._pause_for_stop(delay)
+                continue
+            if outage:
+                log.info("slot %s/%d reached the database again", queue.name, number)
+                outage = 0
+            if taken is None:
+                await self._pause(self.app.poll_interval.total_seconds())
+                continue
+            await self._run_job(queue, taken)
+
+    async def _take(self, queue: Queue) -> TakenJob | None:
+        assert self._pool is not None
+        for _ in range(20):
+            try:
+                async with self._pool.connection() as conn:
+                    return await self.app.store.a_take(
+                        conn, queue.name, self.app.worker_name, queue.settings.lease_duration
+                    )
+            except errors.UniqueViolation:
+                # Another slot won this lane in the same instant; the next best job is ours.
+                continue
+        return None
+
+    async def _write(self, queue: Queue, name: str, params: dict[str, Any]) -> bool:
+        """A guarded write, retried through a short database outage. False: lease lost."""
+        assert self._pool is not None
+        deadline = time.monotonic() + queue.settings.lease_duration.total_seconds() / 2
+        for delay in (*_OUTAGE_BACKOFF, None):
+            try:
+                async with self._pool.connection() as conn:
+                    return await self.app.store.a_guarded(conn, name, params)
+            except psycopg.OperationalError as error:
+                if delay is None or time.monotonic() + delay > deadline:
+                    log.warning("giving up on %s after a database outage: %s", name, error)
+                    raise LeaseLost("the database was unreachable for too long") from error
+                await asyncio.sleep(delay)
+        raise AssertionError("unreachable")
+
+    async def _run_job(self, queue: Queue, taken: TakenJob) -> None:
+        settings = queue.settings
+        guard = {"id": taken.id, "token": taken.lease_token, "lease": settings.lease_duration}
+        handler = queue.handlers.get(taken.type)
+        log.info("%s: started (attempt %d)", describe(taken), taken.attempt_count)
+        job = Job(
+            id=taken.id,
+            queue=taken.queue,
+            owner=taken.owner,
+            lane=taken.lane,
+            type=taken.type,
+            mode=taken.mode,  # type: ignore[arg-type]
+            window_start=taken.window_start,
+            window_end=taken.window_end,
+            cursor=taken.cursor,
+            attempt_count=taken.attempt_count,
+            processed_count=taken.processed_count,
+        )
+        try:
+            if handler is None:
+                raise ConfigError(f"no handler for type {taken.type!r} in queue {queue.name!r}")
+            while True:
+                page = await self._page(queue, handler, job, guard)
+                if page.next_cursor is None:
+                    if await self._write(queue, "complete_job", {**guard, "count": page.count}):
+                        self.report["completed"] += 1
+                        log.info("%s: completed", describe(taken))
+                        return
+                    raise LeaseLost("the job was taken over or cancelled")
+                params = {**guard, "cursor": page.next_cursor, "count": page.count}
+                if not await self._write(queue, "save_page", params):
+                    raise LeaseLost("the job was taken over or cancelled")
+                job = dataclasses.replace(
+                    job, cursor=page.next_cursor, processed_count=job.processed_count + page.count
+                )
+        except Stopping:
+            if await self._write(queue, "hand_back", {**guard, "previous_status": taken.previous_status}):
+                self.report["handed_back"] += 1
+                log.info("%s: handed back at cursor %r", describe(taken), job.cursor)
+        except LeaseLost as lost:
+            await self._release_if_cancelled(queue, guard)
+            self.report["lost"] += 1
+            log.warning("%s: lease lost (%s); stopped without writing more", describe(taken), lost)
+        except Throttled as throttle:
+            await self._throttle(queue, taken, guard, throttle)
+        except Abandon as abandon:
+            params = {**guard, "error": error_text(abandon)}
+            if await self._write(queue, "abandon_job", params):
+                self.report["abandoned"] += 1
+                log.warning("%s: abandoned: %s", describe(taken), abandon.reason)
+        except Exception as error:
+            await self._fail(queue, taken, guard, error)
+
+    async def _throttle(
+        self, queue: Queue, taken: TakenJob, guard: dict[str, Any], throttle: Throttled
+    ) -> None:
+        settings = queue.settings
+        delay = throttle.retry_after
+        if delay is None:
+            delay = retry_delay(
+                taken.throttle_count + 1, settings.throttle_base_delay, settings.throttle_max_delay
+            )
+        params = {
+            **guard,
+            "error": error_text(throttle),
+            "delay": delay,
+            "previous_status": taken.previous_status,
+        }
+        if await self._write(queue, "throttle_job", params):
+            self.report["throttled"] += 1
+            log.warning("%s: throttled, lane %s paused for %s", describe(taken), taken.lane, delay)
+
+    async def _fail(
+        self, queue: Queue, taken: TakenJob, guard: dict[str, Any], error: Exception
+    ) -> None:
+        assert self._pool is not None
+        settings = queue.settings
+        delay = retry_delay(taken.attempt_count, settings.retry_base_delay, settings.retry_max_delay)
+        params = {**guard, "error": error_text(error), "delay": delay}
+        params["max_attempts"] = settings.max_attempts
+        try:
+            async with self._pool.connection() as conn:
+                outcome = await self.app.store.a_fail(conn, params)
+        except psycopg.OperationalError as db_error:
+            log.warning("%s: could not record its failure: %s", describe(taken), db_error)
+            return
+        if outcome is None:
+            self.report["lost"] += 1
+            log.warning("%s: failed after its lease was lost: %s", describe(taken), params["error"])
+            return
+        status, next_run_at = outcome
+        self.report[status] += 1
+        if status == "failed":
+            log.warning(
+                "%s: failed (attempt %d), retry at %s: %s",
+                describe(taken),
+                taken.attempt_count,
+                next_run_at.isoformat(),
+                params["error"],
+            )
+        else:
+            log.warning("%s: %s after attempt %d: %s", describe(taken), status,
+                        taken.attempt_count, params["error"])
+
+    async def _release_if_cancelled(self, queue: Queue, guard: dict[str, Any]) -> None:
+        with contextlib.suppress(psycopg.Error, LeaseLost):
+            await self._write(queue, "release_cancelled", guard)
+
+    # -- one page -------------------------------------------------------------------------
+
+    async def _page(
+        self,
+        queue: Queue,
+        handler: Callable[[Job], Any],
+        job: Job,
+        guard: dict[str, Any],
+    ) -> Page:
+        """Run one page while renewing the lease; raises Stopping or LeaseLost to unwind."""
+        assert self._stop is not None
+        beat = max(queue.settings.lease_duration.total_seconds() / 3, 0.05)
+        page = _start_page(handler, job)
+        stop_waiter = asyncio.ensure_future(self._stop.wait())
+        try:
+            while True:
+                done, _ = await asyncio.wait(
+                    {page, stop_waiter}, timeout=beat, return_when=asyncio.FIRST_COMPLETED
+                )
+                if page in done:
+                    break
+                if stop_waiter in done:
+                    raise Stopping
+                if not await self._write(queue, "heartbeat", guard):
+                    raise LeaseLost("heartbeat refused: the job was taken over or cancelled")
+        except BaseException:
+            page.cancel()
+            raise
+        finally:
+            stop_waiter.cancel()
+        result = page.result()
+        if inspect.isawaitable(result):
+            result = await result
+        if not isinstance(result, Page):
+            raise TypeError(
+                f"the {job.type} handler returned {type(result).__name__} {result!r:.200}; "
+                "return Page(next_cursor, count)"
+            )
+        return result
+
+
+def _start_page(handler: Callable[[Job], Any], job: Job) -> asyncio.Future[Any]:
+    """Coroutine handlers run on the loop; plain functions in a thread of their own, so that the
+    heartbeat keeps beating and a page that never returns cannot hold the slot."""
+    if inspect.iscoroutinefunction(handler):
+        return asyncio.ensure_future(handler(job))
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[Any] = loop.create_future()
+
+    def deliver(outcome: Callable[[], None]) -> None:
+        if not future.done():
+            outcome()
+
+    def target() -> None:
+        try:
+            result = handler(job)
+        except BaseException as error:  # the slot turns it into a job error
+            failure = error if isinstance(error, Exception) else _Escaped(error)
+            loop.call_soon_threadsafe(deliver, lambda: future.set_exception(failure))
+        else:
+            loop.call_soon_threadsafe(deliver, lambda: future.set_result(result))
+
+    thread = threading.Thread(target=target, name=f"synclane-job-{job.id}", daemon=True)
+    thread.start()
+    return future
+
+
+class _Escaped(Exception):
+    """A handler raised a BaseException (SystemExit, KeyboardInterrupt …) in its thread."""
+
+    def __init__(self, original: BaseException) -> None:
+        self.original = original
+        super().__init__(f"{type(original).__name__}: {original}")
+
+
+async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
+    await conn.execute("SET TIME ZONE 'UTC'")
+

@@ -1,0 +1,107 @@
+"""A worker process for the tests: `python tests/worker_proc.py '<json settings>'`.
+
+Its one type, `sync` in queue `q`, records every page it is handed in <schema>.runs with the
+database's clock_timestamp() at the start and at the end, so that tests can check lanes and
+cursors from outside the process. Page n returns cursor n+1 until `pages` pages are done.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import threading
+import time
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from synclane import Page, SyncLane
+from synclane.model import Job
+
+RUNS_DDL = """
+CREATE TABLE IF NOT EXISTS {runs} (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    job_id bigint NOT NULL,
+    lane text NOT NULL,
+    cursor_in text,
+    pid integer NOT NULL,
+    started timestamptz NOT NULL,
+    ended timestamptz
+)
+"""
+
+
+def runs_table(schema: str) -> sql.Identifier:
+    return sql.Identifier(schema, "runs")
+
+
+def create_runs(conn: psycopg.Connection[Any], schema: str) -> None:
+    conn.execute(sql.SQL(RUNS_DDL).format(runs=runs_table(schema)))
+
+
+def build(settings: dict[str, Any]) -> SyncLane:
+    app = SyncLane(
+        settings["dsn"],
+        schema=settings["schema"],
+        poll_interval=settings.get("poll", 0.05),
+        plan_interval=3600,
+        worker_name=f"worker-{os.getpid()}",
+    )
+    queue = app.queue(
+        "q",
+        concurrency=settings.get("concurrency", 1),
+        lease_duration=settings.get("lease", 30),
+        retry_base_delay=0.1,
+        retry_max_delay=0.5,
+    )
+    local = threading.local()
+    runs = runs_table(settings["schema"])
+    pages = settings.get("pages", 1)
+    page_sleep = settings.get("page_sleep", 0.01)
+    slow_cursor = settings.get("slow_cursor")
+    slow_sleep = settings.get("slow_sleep", 60)
+
+    def connection() -> psycopg.Connection[Any]:
+        conn = getattr(local, "conn", None)
+        if conn is None or conn.closed:
+            conn = local.conn = psycopg.connect(settings["dsn"], autocommit=True)
+        return conn
+
+    @queue.snapshot("sync", every=timedelta(days=1))
+    def handle(job: Job) -> Page:
+        conn = connection()
+        row = conn.execute(
+            sql.SQL(
+                "INSERT INTO {} (job_id, lane, cursor_in, pid, started) "
+                "VALUES (%s, %s, %s, %s, clock_timestamp()) RETURNING id"
+            ).format(runs),
+            (job.id, job.lane, job.cursor, os.getpid()),
+        ).fetchone()
+        assert row is not None
+        page = int(job.cursor or 0)
+        time.sleep(slow_sleep if slow_cursor is not None and page == slow_cursor else page_sleep)
+        conn.execute(
+            sql.SQL("UPDATE {} SET ended = clock_timestamp() WHERE id = %s").format(runs),
+            (row[0],),
+        )
+        return Page(str(page + 1) if page + 1 < pages else None, 1)
+
+    return app
+
+
+def main() -> None:
+    settings = json.loads(sys.argv[1])
+    logging.basicConfig(
+        level=logging.INFO, format=f"%(asctime)s [{os.getpid()}] %(message)s", stream=sys.stderr
+    )
+    app = build(settings)
+    print("ready", flush=True)
+    app.run_worker(stop_after=settings.get("stop_after", 120))
+
+
+if __name__ == "__main__":
+    main()
