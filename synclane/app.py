@@ -39,7 +39,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("synclane")
 
 Handler = Callable[[Job], Page] | Callable[[Job], Awaitable[Page]]
-OwnerSource = Callable[[str], Iterable[Owner | str]] | Callable[[str], Awaitable[Iterable[Owner | str]]]
+OwnerSource = (
+    Callable[[str], Iterable[Owner | str]] | Callable[[str], Awaitable[Iterable[Owner | str]]]
+)
 H = TypeVar("H", bound=Callable[..., Any])
 
 REQUEUE_STATUSES = ("failed", "deferred", "abandoned")
@@ -169,6 +171,9 @@ class SyncLane:
         self._dsn = dsn
         self._conn: psycopg.Connection[Any] | None = None
         self._conn_lock = threading.RLock()
+        # With create_schema=False the schema is checked at the first operation instead, so
+        # that `SyncLane(..., create_schema=False).migrate()` works on an empty database.
+        self._schema_checked = False
         if create_schema:
             self.migrate()
 
@@ -241,12 +246,16 @@ class SyncLane:
         return conn
 
     @contextmanager
-    def connection(self) -> Iterator[psycopg.Connection[Any]]:
-        """The app's shared connection for operations, reopened when it broke."""
+    def connection(self, *, check_schema: bool = True) -> Iterator[psycopg.Connection[Any]]:
+        """The app's shared connection for operations, reopened when it broke. The first use
+        checks that the schema exists and was not made by a newer synclane."""
         with self._conn_lock:
             if self._conn is None or self._conn.closed or self._conn.broken:
                 self._conn = self.connect()
             try:
+                if check_schema and not self._schema_checked:
+                    self.store.check_version(self._conn)
+                    self._schema_checked = True
                 yield self._conn
             except psycopg.OperationalError:
                 self._conn.close()
@@ -261,8 +270,15 @@ class SyncLane:
 
     def migrate(self) -> int:
         """Create or upgrade the schema (idempotent; safe when several processes run it)."""
-        with self.connection() as conn:
-            return self.store.migrate(conn)
+        with self.connection(check_schema=False) as conn:
+            version = self.store.migrate(conn)
+        self._schema_checked = True
+        return version
+
+    def check_schema(self) -> None:
+        """Raise SchemaError unless the schema exists at the version this synclane knows."""
+        with self.connection():
+            pass
 
     # -- planning -------------------------------------------------------------------------
 
@@ -303,7 +319,28 @@ class SyncLane:
         if not types:
             return 0
         owners = self._owners_to_plan(queue, owner)
-        with self.connection() as conn:
+        for attempt in range(1, 11):
+            try:
+                return self._plan_owners(queue, owners, types, horizon)
+            except psycopg.errors.SerializationFailure:
+                # Another planner wrote what we read in the same instant; read again.
+                if attempt == 10:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _plan_owners(
+        self,
+        queue: Queue,
+        owners: list[Owner],
+        types: list[JobType],
+        horizon: timedelta | None,
+    ) -> int:
+        # One read and one insert in a serializable transaction: planners that run at the same
+        # instant are kept apart by the dedup index, and planners whose read and insert straddle
+        # a period edge or midnight (so that their keys differ) by PostgreSQL's serializable
+        # isolation, which makes one of them read again.
+        with self.connection() as conn, conn.transaction():
+            conn.execute("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE")
             now, rows = self.store.plan_read(
                 conn,
                 queue.name,
@@ -386,9 +423,7 @@ class SyncLane:
         check_aware("window_start", window_start)
         check_aware("window_end", window_end)
         if window_start is not None and window_end is not None and window_start >= window_end:
-            raise ConfigError(
-                f"window_start={window_start} must be before window_end={window_end}"
-            )
+            raise ConfigError(f"window_start={window_start} must be before window_end={window_end}")
         if dedup_key is not None:
             check_name("dedup_key", dedup_key)
             if dedup_key.startswith(("initial", "recurring:")):
@@ -456,7 +491,9 @@ class SyncLane:
         with self.connection() as conn:
             cancelled = self.store.cancel(conn, q.name, owner, type, error[:2000])
         if cancelled:
-            log.info("cancelled %d job(s) of %s in queue %s: %s", len(cancelled), owner, q.name, reason)
+            log.info(
+                "cancelled %d job(s) of %s in queue %s: %s", len(cancelled), owner, q.name, reason
+            )
         return len(cancelled)
 
     def jobs(
@@ -472,13 +509,21 @@ class SyncLane:
 
         if queue is not None:
             self.get_queue(queue)
-        statuses = None if status is None else ([status] if isinstance(status, str) else list(status))
+        statuses = (
+            None if status is None else ([status] if isinstance(status, str) else list(status))
+        )
         for value in statuses or ():
             if value not in STATUSES:
                 raise ConfigError(f"unknown status {value!r}; use one of {', '.join(STATUSES)}")
         if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
             raise ConfigError(f"limit={limit!r} must be a whole number >= 1")
-        params = {"queue": queue, "owner": owner, "type": type, "statuses": statuses, "limit": limit}
+        params = {
+            "queue": queue,
+            "owner": owner,
+            "type": type,
+            "statuses": statuses,
+            "limit": limit,
+        }
         with self.connection() as conn:
             columns, rows = self.store.list_jobs(conn, params)
         return frames.jobs_frame(columns, rows)

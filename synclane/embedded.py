@@ -29,13 +29,13 @@ def data_dir() -> Path:
 def embedded_dsn(directory: Path | None = None) -> str:
     """Start (or join) the embedded server and return its DSN. It stops when the last process
     that uses it exits; the data stays in the directory for the next run."""
-    import pgserver
+    from pgserver import get_server  # type: ignore[attr-defined]
 
     path = (directory or data_dir()).resolve()
     with _lock:
         server = _servers.get(path)
         if server is None:
             path.mkdir(parents=True, exist_ok=True)
-            server = pgserver.get_server(path, cleanup_mode="stop")
+            server = get_server(path, cleanup_mode="stop")
             _servers[path] = server
     return str(server.get_uri())

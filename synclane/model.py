@@ -28,7 +28,9 @@ def check_name(what: str, value: object) -> str:
     if not value:
         raise ConfigError(f"{what} must not be empty")
     if "\x00" in value:
-        raise ConfigError(f"{what} {value!r} contains a NUL byte, which PostgreSQL text cannot hold")
+        raise ConfigError(
+            f"{what} {value!r} contains a NUL byte, which PostgreSQL text cannot hold"
+        )
     if len(value) > MAX_NAME_LENGTH:
         raise ConfigError(f"{what} is {len(value)} characters long; keep it to {MAX_NAME_LENGTH}")
     return value
@@ -120,17 +122,19 @@ class Page:
             raise ValueError(f"Page.count must be an int >= 0, got {self.count!r}")
 
 
-class Throttled(Exception):  # noqa: N818 - the name is what a handler says, like Abandon
+class Throttled(Exception):
     """The other side asked to slow down: pause the whole lane, keep the attempt."""
 
     def __init__(self, retry_after: timedelta | float | None = None, message: str = "") -> None:
         self.retry_after = (
-            None if retry_after is None else to_duration("retry_after", retry_after, allow_zero=True)
+            None
+            if retry_after is None
+            else to_duration("retry_after", retry_after, allow_zero=True)
         )
         super().__init__(message or "the API asked to slow down")
 
 
-class Abandon(Exception):  # noqa: N818 - a handler's instruction, not an error type
+class Abandon(Exception):
     """A retry cannot help (access revoked, account gone): stop at once and wait for a human."""
 
     def __init__(self, reason: str) -> None:

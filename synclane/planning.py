@@ -48,7 +48,8 @@ def iso(moment: datetime) -> str:
 
 
 def period_start(moment: datetime, every: timedelta) -> datetime:
-    """Periods are aligned to the clock: 15 minutes means :00, :15, :30, :45; a day, midnight UTC."""
+    """Periods are aligned to the clock: 15 minutes means :00, :15, :30, :45; a day means
+    midnight UTC."""
     return EPOCH + ((moment - EPOCH) // every) * every
 
 
@@ -80,7 +81,9 @@ def _job(
     return NewJob(owner.id, owner.lane_key, job_type.name, mode, job_type.priority, start, end, key)
 
 
-def _snapshot(job_type: SnapshotType, owner: Owner, existing: Existing, now: datetime) -> list[NewJob]:
+def _snapshot(
+    job_type: SnapshotType, owner: Owner, existing: Existing, now: datetime
+) -> list[NewJob]:
     if existing.initial_created_at is None:
         return [_job(job_type, owner, "initial", "initial")]
     period = period_start(now, job_type.every)

@@ -41,7 +41,7 @@ SCHEMA_SQL = _read("schema.sql")
 
 def render(template: str, schema: str) -> sql.Composed:
     """The schema goes in as a quoted identifier, never as text."""
-    return sql.SQL(template).format(schema=sql.Identifier(schema))  # type: ignore[arg-type]
+    return sql.SQL(template).format(schema=sql.Identifier(schema))
 
 
 def schema_ddl(schema: str) -> str:
@@ -240,13 +240,18 @@ class Store:
     async def a_take(
         self, conn: psycopg.AsyncConnection[Any], queue: str, worker: str, lease: timedelta
     ) -> TakenJob | None:
-        """Takes one job, or None. Raises psycopg.errors.UniqueViolation when another slot won
-        the lane at the same instant: the caller asks again."""
+        """Takes one job, or None. Looks at the front of the line first, and lane by lane only
+        when the front waits behind busy lanes (or is empty). Raises
+        psycopg.errors.UniqueViolation when another slot won the lane at the same instant: the
+        caller asks again."""
         cur = conn.cursor(row_factory=dict_row)
         params = {"queue": queue, "worker": worker, "lease": lease, "front": FRONT_SIZE}
-        await cur.execute(self.query("take_job"), params)
-        row = await cur.fetchone()
-        return None if row is None else TakenJob(**row)
+        for name in ("take_front", "take_by_lane"):
+            await cur.execute(self.query(name), params)
+            row = await cur.fetchone()
+            if row is not None:
+                return TakenJob(**row)
+        return None
 
     async def a_guarded(
         self, conn: psycopg.AsyncConnection[Any], name: str, params: Mapping[str, Any]

@@ -17,7 +17,7 @@ import signal
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -65,11 +65,11 @@ def describe(job: TakenJob | Job) -> str:
     return f"job {job.id} owner={job.owner} lane={job.lane} type={job.type}{window}"
 
 
-class LeaseLost(Exception):  # noqa: N818 - a state, raised to unwind a job's run
+class LeaseLost(Exception):
     """A guarded write matched no row: another worker owns the job, or it was cancelled."""
 
 
-class Stopping(Exception):  # noqa: N818 - a state, raised to unwind a job's run
+class Stopping(Exception):
     """The worker is stopping: hand the job back."""
 
 
@@ -137,7 +137,6 @@ class Worker:
             max_size=slots + 2,
             kwargs={"autocommit": True, "application_name": "synclane-worker"},
             configure=_configure,
-            check=AsyncConnectionPool.check_connection,
             open=False,
             name="synclane",
         )
@@ -148,7 +147,10 @@ class Worker:
             self.app.worker_name,
             ", ".join(f"{q.name}×{q.settings.concurrency}" for q in self.queues),
         )
-        helpers = [asyncio.create_task(self._plan_loop()), asyncio.create_task(self._reclaim_loop())]
+        helpers = [
+            asyncio.create_task(self._plan_loop()),
+            asyncio.create_task(self._reclaim_loop()),
+        ]
         if self.stop_after is not None:
             helpers.append(asyncio.create_task(self._stop_later(self.stop_after)))
         try:
@@ -204,7 +206,10 @@ class Worker:
     async def _pause(self, seconds: float) -> None:
         """Sleep until the timeout, a nudge (new work may be there) or the stop."""
         assert self._stop is not None and self._wake is not None
-        waiters = [asyncio.ensure_future(self._stop.wait()), asyncio.ensure_future(self._wake.wait())]
+        waiters = [
+            asyncio.ensure_future(self._stop.wait()),
+            asyncio.ensure_future(self._wake.wait()),
+        ]
         try:
             await asyncio.wait(waiters, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -363,7 +368,9 @@ class Worker:
                     job, cursor=page.next_cursor, processed_count=job.processed_count + page.count
                 )
         except Stopping:
-            if await self._write(queue, "hand_back", {**guard, "previous_status": taken.previous_status}):
+            if await self._write(
+                queue, "hand_back", {**guard, "previous_status": taken.previous_status}
+            ):
                 self.report["handed_back"] += 1
                 log.info("%s: handed back at cursor %r", describe(taken), job.cursor)
         except LeaseLost as lost:
@@ -404,7 +411,9 @@ class Worker:
     ) -> None:
         assert self._pool is not None
         settings = queue.settings
-        delay = retry_delay(taken.attempt_count, settings.retry_base_delay, settings.retry_max_delay)
+        delay = retry_delay(
+            taken.attempt_count, settings.retry_base_delay, settings.retry_max_delay
+        )
         params = {**guard, "error": error_text(error), "delay": delay}
         params["max_attempts"] = settings.max_attempts
         try:
@@ -428,8 +437,13 @@ class Worker:
                 params["error"],
             )
         else:
-            log.warning("%s: %s after attempt %d: %s", describe(taken), status,
-                        taken.attempt_count, params["error"])
+            log.warning(
+                "%s: %s after attempt %d: %s",
+                describe(taken),
+                status,
+                taken.attempt_count,
+                params["error"],
+            )
 
     async def _release_if_cancelled(self, queue: Queue, guard: dict[str, Any]) -> None:
         with contextlib.suppress(psycopg.Error, LeaseLost):
@@ -480,7 +494,8 @@ def _start_page(handler: Callable[[Job], Any], job: Job) -> asyncio.Future[Any]:
     """Coroutine handlers run on the loop; plain functions in a thread of their own, so that the
     heartbeat keeps beating and a page that never returns cannot hold the slot."""
     if inspect.iscoroutinefunction(handler):
-        return asyncio.ensure_future(handler(job))
+        coroutine: Awaitable[Any] = handler(job)
+        return asyncio.ensure_future(coroutine)
     loop = asyncio.get_running_loop()
     future: asyncio.Future[Any] = loop.create_future()
 
@@ -512,4 +527,3 @@ class _Escaped(Exception):
 
 async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
     await conn.execute("SET TIME ZONE 'UTC'")
-

@@ -37,8 +37,9 @@ def _run_three_lanes(dsn: str, schema: str, db: psycopg.Connection[Any]) -> int:
     app.close()
     with worker_processes(settings, 3):
         wait_for(
-            lambda: count(db, "SELECT count(*) FROM {jobs} WHERE status = 'completed'", schema)
-            == 600,
+            lambda: (
+                count(db, "SELECT count(*) FROM {jobs} WHERE status = 'completed'", schema) == 600
+            ),
             timeout=180,
             what="600 completed jobs",
             interval=0.2,
@@ -107,9 +108,11 @@ def test_a_paused_worker_cannot_overwrite_the_new_owner_s_work(
     with worker_processes(settings, 2) as processes:
         pids = {process.pid: process for process in processes}
         holder = wait_for(
-            lambda: (row := job_row(db, schema, job_id))["leased_by"]
-            and int(row["cursor"] or 0) >= 2
-            and row["leased_by"],
+            lambda: (
+                (row := job_row(db, schema, job_id))["leased_by"]
+                and int(row["cursor"] or 0) >= 2
+                and row["leased_by"]
+            ),
             timeout=30,
             what="the job running with two saved pages",
         )
@@ -119,8 +122,10 @@ def test_a_paused_worker_cannot_overwrite_the_new_owner_s_work(
         try:
             stopped_at = int(job_row(db, schema, job_id)["cursor"])
             wait_for(
-                lambda: job_row(db, schema, job_id)["leased_by"] == f"worker-{other.pid}"
-                and int(job_row(db, schema, job_id)["cursor"]) >= stopped_at + 2,
+                lambda: (
+                    job_row(db, schema, job_id)["leased_by"] == f"worker-{other.pid}"
+                    and int(job_row(db, schema, job_id)["cursor"]) >= stopped_at + 2
+                ),
                 timeout=30,
                 what="the other worker to take over and save two pages",
             )
@@ -137,8 +142,11 @@ def test_a_paused_worker_cannot_overwrite_the_new_owner_s_work(
     assert row["processed_count"] == 12, "a late write from the paused worker was counted"
     assert row["cursor"] == "11"
     late_pages = count(
-        db, "SELECT count(*) FROM {runs} WHERE pid = %s AND started > %s", schema,
-        paused.pid, resumed_at,
+        db,
+        "SELECT count(*) FROM {runs} WHERE pid = %s AND started > %s",
+        schema,
+        paused.pid,
+        resumed_at,
     )
     assert late_pages == 0, "the paused worker started another page after it lost its lease"
     _, paused_log = paused.communicate(timeout=10)

@@ -167,7 +167,9 @@ def test_a_cancelled_running_job_stops_at_its_next_save_and_frees_its_lane(
     assert worker.report["lost"] == 1
 
 
-def test_abandon_ends_the_job_at_once(app: SyncLane, db: psycopg.Connection[Any], schema: str) -> None:
+def test_abandon_ends_the_job_at_once(
+    app: SyncLane, db: psycopg.Connection[Any], schema: str
+) -> None:
     queue = app.queue("q")
 
     @queue.snapshot("products", every=DAY)

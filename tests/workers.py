@@ -23,7 +23,9 @@ from synclane.worker import Worker
 HERE = Path(__file__).parent
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:
+def wait_for(
+    predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.05
+) -> Any:
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()

@@ -137,10 +137,11 @@ WHERE queue = %(queue)s AND (%(owner)s::text IS NULL OR owner = %(owner)s)
 GROUP BY owner, type
 ORDER BY owner, type;
 
--- name: take_job
--- takes the best due job of a free lane and marks it running under a fresh lease token; two
--- takers of one lane both pass this query, and the running-lane index lets only one commit
-WITH RECURSIVE busy AS MATERIALIZED (
+-- name: take_front
+-- takes the best due job of a free lane from the front of the line and marks it running under a
+-- fresh lease token; two takers of one lane may both pass this query, and the running-lane
+-- index lets only one of them commit (the other gets a unique violation and asks again)
+WITH busy AS MATERIALIZED (
     SELECT lane FROM {schema}.jobs WHERE queue = %(queue)s AND status = 'running'
     UNION ALL
     SELECT lane FROM {schema}.jobs
@@ -148,23 +149,42 @@ WITH RECURSIVE busy AS MATERIALIZED (
       AND lease_expires_at > now()
 ),
 front AS (
-    -- the front of the line, whatever the lane: usually the best job's lane is free
-    SELECT f.id, f.priority, f.window_start FROM (
-        SELECT id, lane, next_run_at, priority, window_start FROM {schema}.jobs
+    SELECT f.id FROM (
+        SELECT id, lane, next_run_at FROM {schema}.jobs
         WHERE queue = %(queue)s AND status IN ('pending', 'failed')
         ORDER BY priority, window_start DESC NULLS LAST, id
         LIMIT %(front)s
     ) f
     WHERE f.next_run_at <= now() AND f.lane NOT IN (SELECT lane FROM busy)
 ),
-take_front AS (
+taken AS (
     SELECT j.id, j.status FROM {schema}.jobs j
-    WHERE j.id IN (SELECT id FROM front) AND j.status IN ('pending', 'failed')
+    WHERE j.id = ANY (ARRAY(SELECT id FROM front)) AND j.status IN ('pending', 'failed')
     ORDER BY j.priority, j.window_start DESC NULLS LAST, j.id
     LIMIT 1 FOR UPDATE SKIP LOCKED
+)
+UPDATE {schema}.jobs j
+SET status = 'running', leased_by = %(worker)s, lease_token = gen_random_uuid(),
+    lease_expires_at = now() + %(lease)s, attempt_count = j.attempt_count + 1,
+    started_at = now(), heartbeat_at = now()
+FROM taken
+WHERE j.id = taken.id
+RETURNING j.id, j.queue, j.owner, j.lane, j.type, j.mode, j.window_start, j.window_end,
+          j.cursor, j.attempt_count, j.throttle_count, j.processed_count, j.lease_token,
+          taken.status AS previous_status;
+
+-- name: take_by_lane
+-- the same take when the front of the line waits behind busy lanes: visits each lane with open
+-- jobs once (cost grows with lanes, not jobs), and gives a deferred job its last attempt only
+-- once nothing else of its lane is open; the running-lane index still refuses a second taker
+WITH RECURSIVE busy AS MATERIALIZED (
+    SELECT lane FROM {schema}.jobs WHERE queue = %(queue)s AND status = 'running'
+    UNION ALL
+    SELECT lane FROM {schema}.jobs
+    WHERE queue = %(queue)s AND status = 'cancelled' AND lease_token IS NOT NULL
+      AND lease_expires_at > now()
 ),
 lanes (lane) AS (
-    -- only when the front waits behind busy lanes: visit each lane with open jobs once
     (SELECT lane FROM {schema}.jobs
      WHERE queue = %(queue)s AND status IN ('pending', 'failed', 'deferred')
      ORDER BY lane LIMIT 1)
@@ -175,7 +195,7 @@ lanes (lane) AS (
             ORDER BY j.lane LIMIT 1)
     FROM lanes WHERE lanes.lane IS NOT NULL
 ),
-lane_heads AS (
+heads AS (
     SELECT head.id FROM lanes
     CROSS JOIN LATERAL (
         (SELECT j.id FROM {schema}.jobs j
@@ -183,7 +203,6 @@ lane_heads AS (
            AND j.status IN ('pending', 'failed') AND j.next_run_at <= now()
          ORDER BY j.priority, j.window_start DESC NULLS LAST, j.id LIMIT 1)
         UNION ALL
-        -- a deferred job runs only once nothing else of its lane is open
         (SELECT d.id FROM {schema}.jobs d
          WHERE d.queue = %(queue)s AND d.lane = lanes.lane
            AND d.status = 'deferred' AND d.next_run_at <= now()
@@ -196,16 +215,12 @@ lane_heads AS (
     ) head
     WHERE lanes.lane IS NOT NULL AND lanes.lane NOT IN (SELECT lane FROM busy)
 ),
-take_lane AS (
+taken AS (
     SELECT j.id, j.status FROM {schema}.jobs j
-    WHERE j.id IN (SELECT id FROM lane_heads)
+    WHERE j.id = ANY (ARRAY(SELECT id FROM heads))
       AND j.status IN ('pending', 'failed', 'deferred')
     ORDER BY j.priority, j.window_start DESC NULLS LAST, j.id
     LIMIT 1 FOR UPDATE SKIP LOCKED
-),
-taken AS (
-    -- the lane-by-lane search runs only when the front yields nothing
-    (SELECT id, status FROM take_front UNION ALL SELECT id, status FROM take_lane) LIMIT 1
 )
 UPDATE {schema}.jobs j
 SET status = 'running', leased_by = %(worker)s, lease_token = gen_random_uuid(),

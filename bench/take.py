@@ -1,0 +1,121 @@
+"""How long taking a job takes, as the table grows and as lanes get busy.
+
+    python -m bench.take [--rounds 200]
+
+Each measurement runs the real take statement inside a transaction that is rolled back, so the
+table stays as arranged. Scenarios:
+
+- empty: 1,000 pending jobs over 50 lanes and no history;
+- 100k / 1M finished: the same, plus that many completed rows;
+- blocked backlog: 100,000 pending jobs in 1,000 lanes, 999 lanes running a job, one free
+  (its jobs interleaved with the others' in taking order, as in a backfill of many accounts);
+- blocked, worst order: the same, but the free lane's jobs are the oldest, so all 99,900 jobs
+  ahead of them wait behind busy lanes.
+"""
+
+from __future__ import annotations
+
+import argparse
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from bench.common import bench_dsn, fresh_schema, summary_ms, timed
+from synclane.store import Store
+
+
+def _fill(conn: psycopg.Connection[Any], schema: str, statement: str) -> None:
+    conn.execute(sql.SQL(statement).format(jobs=sql.Identifier(schema, "jobs")))
+
+
+PENDING = """
+INSERT INTO {jobs} (queue, owner, lane, type, mode, status, window_start, window_end, dedup_key)
+SELECT 'q', 'owner-' || l, 'lane-' || l, 'orders', 'initial', 'pending',
+       timestamptz '2026-01-01' - d * interval '1 day',
+       timestamptz '2026-01-01' - (d - 1) * interval '1 day', 'initial:' || d
+FROM generate_series(1, %(lanes)s) l, generate_series(1, %(per_lane)s) d
+"""
+FINISHED = """
+INSERT INTO {jobs} (queue, owner, lane, type, mode, status, window_start, window_end, dedup_key,
+                    completed_at)
+SELECT 'q', 'old-' || (n %% 5000), 'old-' || (n %% 5000), 'orders', 'initial', 'completed',
+       timestamptz '2020-01-01' + n * interval '1 minute',
+       timestamptz '2020-01-01' + (n + 1) * interval '1 minute', 'initial:' || n, now()
+FROM generate_series(1, %(rows)s) n
+"""
+
+
+def measure(dsn: str, schema: str, rounds: int) -> list[float]:
+    store = Store(schema)
+    times = []
+    with psycopg.connect(dsn) as conn:
+        params = {"queue": "q", "worker": "bench", "lease": timedelta(minutes=5), "front": 64}
+
+        def take() -> Any:
+            # What Store.a_take does: the front of the line, then lane by lane.
+            for name in ("take_front", "take_by_lane"):
+                row = conn.execute(store.query(name), params).fetchone()
+                if row is not None:
+                    return row
+            return None
+
+        for _ in range(rounds):
+            elapsed, row = timed(take)
+            assert row is not None, "the scenario must leave a job to take"
+            conn.rollback()
+            times.append(elapsed)
+    return times
+
+
+def scenario(dsn: str, name: str, rounds: int, arrange: list[tuple[str, dict[str, Any]]]) -> str:
+    from synclane import SyncLane
+
+    with fresh_schema(dsn) as schema:
+        SyncLane(dsn, schema=schema).close()
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            for statement, params in arrange:
+                conn.execute(sql.SQL(statement).format(jobs=sql.Identifier(schema, "jobs")), params)
+            conn.execute(sql.SQL("VACUUM ANALYZE {}").format(sql.Identifier(schema, "jobs")))
+        measure(dsn, schema, 20)  # warm up
+        times = measure(dsn, schema, rounds)
+    line = f"{name:<28} {summary_ms(times)}"
+    print(line, flush=True)
+    return line
+
+
+BUSY = """
+UPDATE {jobs} SET status = 'running', lease_token = gen_random_uuid(),
+       lease_expires_at = now() + interval '1 hour'
+WHERE id IN (SELECT DISTINCT ON (lane) id FROM {jobs}
+             WHERE status = 'pending' AND lane <> %(free)s ORDER BY lane, id)
+"""
+OLDEST = """
+UPDATE {jobs} SET window_start = window_start - interval '1000 days',
+       window_end = window_end - interval '1000 days'
+WHERE lane = %(free)s
+"""
+
+
+def main(rounds: int = 200, sizes: tuple[int, ...] = (0, 100_000, 1_000_000)) -> list[str]:
+    dsn = bench_dsn()
+    lines = []
+    small = (PENDING, {"lanes": 50, "per_lane": 20})
+    for rows in sizes:
+        arrange = [small] + ([(FINISHED, {"rows": rows})] if rows else [])
+        label = "empty" if not rows else f"{rows:,} finished"
+        lines.append(scenario(dsn, label, rounds, arrange))
+    backlog = (PENDING, {"lanes": 1000, "per_lane": 100})
+    busy = (BUSY, {"free": "lane-500"})
+    lines.append(scenario(dsn, "blocked backlog", rounds, [backlog, busy]))
+    oldest = (OLDEST, {"free": "lane-500"})
+    lines.append(scenario(dsn, "blocked, worst order", rounds, [backlog, oldest, busy]))
+    return lines
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=200)
+    args = parser.parse_args()
+    main(args.rounds)

@@ -1,0 +1,135 @@
+"""Jobs per second for one-page no-op jobs, next to PostgreSQL's own ceiling on this server.
+
+    python -m bench.throughput [--jobs 4000] [--rounds 3]
+
+synclane: 50 lanes, 2 worker processes × 4 slots, each job one page that does nothing; the rate
+is jobs / (last completed_at − first started_at), read from the table. Reference: `pgbench -N -c
+4 -T 10` (simple updates, 4 clients) TPS on the same server, run between synclane's rounds.
+A job costs at least two commits (take, finish), so a ratio of 0.5 is the ceiling to aim for.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import re
+import shutil
+import statistics
+import subprocess
+import time
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from bench.common import bench_dsn, fresh_schema
+
+PGBENCH_DB = "synclane_pgbench"
+
+
+def _worker(dsn: str, schema: str, ready: Any) -> None:
+    from synclane import Page, SyncLane
+
+    app = SyncLane(dsn, schema=schema, poll_interval=0.05, plan_interval=3600)
+    queue = app.queue("bench", concurrency=4)
+
+    @queue.snapshot("noop", every=86400)
+    async def noop(job: Any) -> Page:
+        return Page(None, 1)
+
+    ready.set()
+    app.run_worker(stop_after=600)
+
+
+def synclane_rate(dsn: str, jobs: int, lanes: int = 50, processes: int = 2) -> float:
+    with fresh_schema(dsn) as schema:
+        from synclane import SyncLane
+
+        SyncLane(dsn, schema=schema).close()
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(
+                sql.SQL(
+                    "INSERT INTO {} (queue, owner, lane, type, mode, dedup_key) "
+                    "SELECT 'bench', 'owner-' || (n %% %s), 'lane-' || (n %% %s), 'noop', "
+                    "'manual', 'manual:' || n FROM generate_series(1, %s) n"
+                ).format(sql.Identifier(schema, "jobs")),
+                (lanes, lanes, jobs),
+            )
+            conn.execute(sql.SQL("VACUUM ANALYZE {}").format(sql.Identifier(schema, "jobs")))
+        context = multiprocessing.get_context("spawn")
+        events = [context.Event() for _ in range(processes)]
+        workers = [context.Process(target=_worker, args=(dsn, schema, event)) for event in events]
+        for worker in workers:
+            worker.start()
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            table = sql.Identifier(schema, "jobs")
+            done = sql.SQL("SELECT count(*) FROM {} WHERE status = 'completed'").format(table)
+            deadline = time.monotonic() + 600
+            while conn.execute(done).fetchone()[0] < jobs:  # type: ignore[index]
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the throughput run did not finish in 10 minutes")
+                time.sleep(0.2)
+            span = conn.execute(
+                sql.SQL(
+                    "SELECT extract(epoch FROM max(completed_at) - min(started_at)) FROM {}"
+                ).format(table)
+            ).fetchone()[0]  # type: ignore[index]
+        for worker in workers:
+            if worker.pid is not None:
+                worker.terminate()
+        for worker in workers:
+            worker.join(timeout=30)
+        return jobs / float(span)
+
+
+def pgbench_tps(dsn: str, seconds: int = 10, clients: int = 4) -> float:
+    """TPS of `pgbench -N` on a database of its own on the same server."""
+    if shutil.which("pgbench") is None:
+        raise RuntimeError("pgbench is not installed (Debian: postgresql-client)")
+    info = psycopg.conninfo.conninfo_to_dict(dsn)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (PGBENCH_DB,))
+        if exists.fetchone() is None:
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(PGBENCH_DB)))
+    target = psycopg.conninfo.make_conninfo(**{**info, "dbname": PGBENCH_DB})
+    subprocess.run(["pgbench", "-i", "-q", target], check=True, capture_output=True)
+    done = subprocess.run(
+        ["pgbench", "-N", "-c", str(clients), "-j", "2", "-T", str(seconds), target],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    match = re.search(r"tps = ([0-9.]+)", done.stdout)
+    if match is None:
+        raise RuntimeError(f"no TPS in pgbench's output: {done.stdout[-500:]}")
+    return float(match.group(1))
+
+
+def main(jobs: int = 4000, rounds: int = 3, pgbench_seconds: int = 10) -> list[str]:
+    dsn = bench_dsn()
+    rates, tps = [], []
+    for number in range(rounds):
+        rates.append(synclane_rate(dsn, jobs))
+        tps.append(pgbench_tps(dsn, pgbench_seconds))
+        print(
+            f"round {number + 1}: synclane {rates[-1]:.0f} jobs/s, pgbench {tps[-1]:.0f} TPS",
+            flush=True,
+        )
+    rate, reference = statistics.median(rates), statistics.median(tps)
+    lines = [
+        f"synclane, 50 lanes, 2 processes × 4 slots: median {rate:.0f} jobs/s",
+        f"pgbench -N -c 4: median {reference:.0f} TPS",
+        f"ratio: {rate / reference:.2f} (goal >= 0.5)",
+    ]
+    for line in lines:
+        print(line)
+    return lines
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=4000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--pgbench-seconds", type=int, default=10)
+    args = parser.parse_args()
+    main(args.jobs, args.rounds, args.pgbench_seconds)

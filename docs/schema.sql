@@ -1,0 +1,74 @@
+-- synclane schema, version 1. Every sync job is one row of "synclane".jobs.
+-- synclane applies this at start-up (SyncLane(..., create_schema=True)); teams that run their own
+-- migrations apply docs/schema.sql, which is this file rendered for the schema "synclane".
+-- Idempotent: every statement can run again without changing anything.
+
+CREATE SCHEMA IF NOT EXISTS "synclane";
+
+CREATE TABLE IF NOT EXISTS "synclane".schema_version (
+    version integer PRIMARY KEY,
+    applied_at timestamptz NOT NULL DEFAULT now()
+);
+
+CREATE TABLE IF NOT EXISTS "synclane".jobs (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    queue text NOT NULL,
+    owner text NOT NULL,
+    lane text NOT NULL,
+    type text NOT NULL,
+    mode text NOT NULL CHECK (mode IN ('initial', 'recurring', 'manual')),
+    status text NOT NULL DEFAULT 'pending' CHECK (status IN (
+        'pending', 'running', 'completed', 'failed', 'deferred', 'abandoned', 'cancelled')),
+    priority integer NOT NULL DEFAULT 0,
+    window_start timestamptz,
+    window_end timestamptz,
+    dedup_key text NOT NULL,
+    cursor text,
+    processed_count bigint NOT NULL DEFAULT 0 CHECK (processed_count >= 0),
+    attempt_count integer NOT NULL DEFAULT 0,
+    throttle_count integer NOT NULL DEFAULT 0,
+    error text,
+    next_run_at timestamptz NOT NULL DEFAULT now(),
+    leased_by text,
+    lease_token uuid,
+    lease_expires_at timestamptz,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    started_at timestamptz,
+    heartbeat_at timestamptz,
+    completed_at timestamptz,
+    CHECK (window_start IS NULL OR window_end IS NULL OR window_start < window_end)
+);
+
+-- A planned job is created once, however many planners run at the same moment.
+CREATE UNIQUE INDEX IF NOT EXISTS jobs_dedup_key
+    ON "synclane".jobs (queue, owner, type, dedup_key);
+
+-- A lane is exclusive: at most one running job per queue and lane, across every process.
+CREATE UNIQUE INDEX IF NOT EXISTS jobs_running_lane
+    ON "synclane".jobs (queue, lane) WHERE status = 'running';
+
+-- Taking a job reads only open rows, whatever the size of the history.
+-- In taking order, for the common case where the best job's lane is free.
+CREATE INDEX IF NOT EXISTS jobs_claim_order
+    ON "synclane".jobs (queue, priority, window_start DESC NULLS LAST, id)
+    WHERE status IN ('pending', 'failed', 'deferred');
+
+-- Lane by lane, for when the jobs at the front all wait behind busy lanes.
+CREATE INDEX IF NOT EXISTS jobs_claim_lane
+    ON "synclane".jobs (queue, lane, priority, window_start DESC NULLS LAST, id)
+    WHERE status IN ('pending', 'failed', 'deferred');
+
+-- Planning asks per owner and type whether a job is still open.
+CREATE INDEX IF NOT EXISTS jobs_open_owner
+    ON "synclane".jobs (queue, owner, type, mode)
+    WHERE status IN ('pending', 'running', 'failed', 'deferred');
+
+-- Planning finds the oldest slice and where coverage ends without scanning history.
+CREATE INDEX IF NOT EXISTS jobs_owner_window
+    ON "synclane".jobs (queue, owner, type, window_end);
+
+-- A cancelled job whose worker has not yet noticed keeps its lane until its lease ends.
+CREATE INDEX IF NOT EXISTS jobs_cancelled_lease
+    ON "synclane".jobs (queue, lane) WHERE status = 'cancelled' AND lease_token IS NOT NULL;
+
+INSERT INTO "synclane".schema_version (version) VALUES (1) ON CONFLICT DO NOTHING;

@@ -1,0 +1,332 @@
+"""Planning against a real PostgreSQL (DESIGN §4): no duplicates, no gaps, no shifts."""
+
+from __future__ import annotations
+
+import itertools
+import re
+import time
+from datetime import datetime, timedelta
+
+import apps
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.rows import dict_row
+
+from synclane import ConfigError, Job, Owner, Page, SyncLane
+from synclane.planning import iso, midnight, period_start
+
+DAY = timedelta(days=1)
+EVERY = timedelta(minutes=15)
+OVERLAP = timedelta(minutes=5)
+KEY = re.compile(r"^(initial|recurring):(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?Z)(.*)$")
+TIMESTAMPS = (
+    "window_start",
+    "window_end",
+    "next_run_at",
+    "lease_expires_at",
+    "created_at",
+    "started_at",
+    "heartbeat_at",
+    "completed_at",
+)
+
+
+def jobs_table(schema: str) -> sql.Composed:
+    return sql.SQL("{}.jobs").format(sql.Identifier(schema))
+
+
+def rows(db: psycopg.Connection, schema: str, where: str = "TRUE", *params) -> list[dict]:
+    with db.cursor(row_factory=dict_row) as cur:
+        query = sql.SQL("SELECT * FROM {} WHERE {} ORDER BY window_start DESC NULLS LAST, id")
+        return cur.execute(query.format(jobs_table(schema), sql.SQL(where)), params).fetchall()
+
+
+def count(db: psycopg.Connection, schema: str) -> int:
+    row = db.execute(sql.SQL("SELECT count(*) FROM {}").format(jobs_table(schema))).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def database_now(db: psycopg.Connection) -> datetime:
+    row = db.execute("SELECT clock_timestamp()").fetchone()
+    assert row is not None
+    return row[0]
+
+
+def let_time_pass(db: psycopg.Connection, schema: str, delta: timedelta) -> None:
+    """Simulate `delta` passing: every timestamp of the schema's rows moves back by `delta`, and
+    so do the instants inside planner dedup keys (delta must be a whole number of periods)."""
+    assignments = sql.SQL(", ").join(
+        sql.SQL("{0} = {0} - %(delta)s").format(sql.Identifier(column)) for column in TIMESTAMPS
+    )
+    db.execute(
+        sql.SQL("UPDATE {} SET {}").format(jobs_table(schema), assignments), {"delta": delta}
+    )
+    for row in rows(db, schema):
+        found = KEY.match(row["dedup_key"])
+        if found:
+            moved = datetime.fromisoformat(found[2].replace("Z", "+00:00")) - delta
+            key = f"{found[1]}:{iso(moved)}{found[3]}"
+            db.execute(
+                sql.SQL("UPDATE {} SET dedup_key = %s WHERE id = %s").format(jobs_table(schema)),
+                [key, row["id"]],
+            )
+
+
+def set_rows(db: psycopg.Connection, schema: str, assignments: str, where: str, *params) -> int:
+    query = sql.SQL("UPDATE {} SET {} WHERE {}").format(
+        jobs_table(schema), sql.SQL(assignments), sql.SQL(where)
+    )
+    return db.execute(query, params).rowcount
+
+
+def wait_until_away_from_a_period_edge(db: psycopg.Connection, every: timedelta) -> None:
+    """Planners that straddle a period edge plan two different periods; keep a test off the edge."""
+    now = database_now(db)
+    left = period_start(now, every) + every - now
+    if left < timedelta(seconds=10):
+        time.sleep(left.total_seconds() + 0.5)
+
+
+def windowed_app(
+    app: SyncLane, owners: list[Owner], horizon: timedelta = timedelta(days=60)
+) -> SyncLane:
+    shops = app.queue("shops")
+    shops.owners(lambda queue: owners)
+
+    @shops.windowed("orders", horizon=horizon, slice=30 * DAY, every=EVERY, overlap=OVERLAP)
+    def orders(job: Job) -> Page:
+        return Page(None)
+
+    return app
+
+
+# -- no duplicates ------------------------------------------------------------------------
+
+
+def test_planning_twice_adds_nothing(dsn, db, schema):
+    app = apps.build(dsn, schema)
+    try:
+        first = app.plan()
+        ids = [row["id"] for row in rows(db, schema)]
+        second = app.plan()
+    finally:
+        app.close()
+
+    assert first == {"shops": apps.JOBS_PER_OWNER * len(apps.OWNERS)}
+    assert second == {"shops": 0}
+    assert [row["id"] for row in rows(db, schema)] == ids
+
+
+@pytest.mark.processes
+def test_eight_processes_planning_at_once_create_each_job_once(dsn, db, schema):
+    apps.build(dsn, schema).close()  # the schema exists: the race is the planners', not the DDL's
+
+    reports = apps.run_together(
+        apps.plan_at_once,
+        8,
+        dsn,
+        schema,
+        before_release=lambda: wait_until_away_from_a_period_edge(db, EVERY),
+    )
+
+    expected = apps.JOBS_PER_OWNER * len(apps.OWNERS)
+    assert [status for status, _ in reports] == ["ok"] * 8, reports
+    assert sum(added for _, added in reports) == expected
+    assert count(db, schema) == expected
+    duplicates = db.execute(
+        sql.SQL(
+            "SELECT owner, type, mode, window_start FROM {} "
+            "GROUP BY owner, type, mode, window_start HAVING count(*) > 1"
+        ).format(jobs_table(schema))
+    ).fetchall()
+    assert duplicates == []
+
+
+# -- no shifts, no gaps in history ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["ad hoc", "in code"])
+def test_widening_the_horizon_keeps_the_slices_and_adds_only_the_older_ones(app, db, schema, how):
+    owner = Owner("acme")
+    windowed_app(app, [owner], horizon=timedelta(days=60))
+    before = database_now(db)
+    app.plan()
+    kept = [
+        (r["id"], r["window_start"], r["window_end"]) for r in rows(db, schema, "mode = 'initial'")
+    ]
+    today = midnight(before)
+    assert [(start, end) for _, start, end in kept] == [
+        (today - 30 * DAY, today),
+        (today - 60 * DAY, today - 30 * DAY),
+    ]
+
+    if how == "ad hoc":
+        added = app.plan("shops", horizon=timedelta(days=730))
+    else:
+        wider = windowed_app(SyncLane(app.dsn, schema=schema), [owner], horizon=timedelta(days=730))
+        try:
+            added = wider.plan()
+        finally:
+            wider.close()
+
+    assert added == {"shops": 23}
+    slices = rows(db, schema, "mode = 'initial'")
+    assert [(r["id"], r["window_start"], r["window_end"]) for r in slices[:2]] == kept
+    assert len(slices) == 25
+    for newer, older in itertools.pairwise(slices):
+        assert older["window_end"] == newer["window_start"], "a gap or an overlap in history"
+    assert [r["window_end"] - r["window_start"] for r in slices[:-1]] == [30 * DAY] * 24
+    oldest = slices[-1]
+    assert oldest["window_start"] == today - 730 * DAY
+    assert oldest["window_end"] - oldest["window_start"] == 10 * DAY
+    assert oldest["dedup_key"] == f"initial:{iso(today - 730 * DAY)}"
+
+    # The declared 60 days again: nothing is added, and nothing is taken away.
+    assert app.plan() == {"shops": 0}
+    assert len(rows(db, schema, "mode = 'initial'")) == 25
+
+
+# -- refreshes --------------------------------------------------------------------------------
+
+
+def test_the_first_refresh_starts_at_midnight_minus_the_overlap(app, db, schema):
+    windowed_app(app, [Owner("acme")])
+    before = database_now(db)
+    app.plan()
+    after = database_now(db)
+
+    [refresh] = rows(db, schema, "mode = 'recurring'")
+    assert refresh["window_start"] == midnight(before) - OVERLAP
+    assert before <= refresh["window_end"] <= after
+    assert refresh["dedup_key"] == f"recurring:{iso(period_start(refresh['window_end'], EVERY))}"
+
+
+def test_a_recurring_job_starts_where_coverage_ends_minus_the_overlap(app, db, schema):
+    windowed_app(app, [Owner("acme")])
+    app.plan()
+    set_rows(db, schema, "status = 'completed', completed_at = now()", "TRUE")
+    let_time_pass(db, schema, timedelta(hours=1))
+    # Coverage ends at an instant no rule would produce by itself.
+    coverage_end = database_now(db) - timedelta(minutes=37, microseconds=123456)
+    assert set_rows(db, schema, "window_end = %s", "mode = 'recurring'", coverage_end) == 1
+
+    before = database_now(db)
+    assert app.plan() == {"shops": 1}
+    after = database_now(db)
+
+    newest = rows(db, schema, "mode = 'recurring' AND status = 'pending'")
+    assert len(newest) == 1
+    assert newest[0]["window_start"] == coverage_end - OVERLAP
+    assert before <= newest[0]["window_end"] <= after
+    assert (
+        newest[0]["dedup_key"] == f"recurring:{iso(period_start(newest[0]['window_end'], EVERY))}"
+    )
+    assert newest[0]["lane"] == "acme"
+
+
+def test_a_long_outage_is_refreshed_in_slices_without_a_gap(app, db, schema):
+    windowed_app(app, [Owner("acme")])
+    app.plan()
+    set_rows(db, schema, "status = 'completed'", "TRUE")
+    [first_refresh] = rows(db, schema, "mode = 'recurring'")
+    let_time_pass(db, schema, timedelta(days=70))
+    coverage_end = first_refresh["window_end"] - timedelta(days=70)
+
+    before = database_now(db)
+    assert app.plan() == {"shops": 3}
+
+    pieces = sorted(
+        rows(db, schema, "mode = 'recurring' AND status = 'pending'"),
+        key=lambda r: r["window_start"],
+    )
+    assert pieces[0]["window_start"] == coverage_end - OVERLAP
+    for earlier, later in itertools.pairwise(pieces):
+        assert later["window_start"] == earlier["window_end"]
+    assert [p["window_end"] - p["window_start"] for p in pieces[:2]] == [30 * DAY] * 2
+    assert pieces[-1]["window_end"] >= before
+    assert len({p["dedup_key"] for p in pieces}) == 3
+
+
+@pytest.mark.parametrize("status", ["pending", "running", "failed"])
+def test_no_second_recurring_job_while_one_is_open(app, db, schema, status):
+    windowed_app(app, [Owner("acme")])
+    app.plan()
+    set_rows(db, schema, "status = 'completed'", "mode = 'initial'")
+    set_rows(db, schema, "status = %s", "mode = 'recurring'", status)
+    let_time_pass(db, schema, timedelta(hours=1))
+
+    assert app.plan() == {"shops": 0}
+    assert len(rows(db, schema, "mode = 'recurring'")) == 1
+
+    # Once it is done, the next period gets its refresh.
+    set_rows(db, schema, "status = 'completed'", "mode = 'recurring'")
+    assert app.plan() == {"shops": 1}
+    assert len(rows(db, schema, "mode = 'recurring'")) == 2
+
+
+def test_a_snapshot_is_refreshed_once_per_period_after_its_first_load(app, db, schema):
+    wait_until_away_from_a_period_edge(db, timedelta(hours=1))
+    shops = app.queue("shops")
+    shops.owners(lambda queue: [Owner("acme")])
+    shops.snapshot("products", every=timedelta(hours=1))(lambda job: Page(None))
+
+    assert app.plan() == {"shops": 1}
+    set_rows(db, schema, "status = 'completed'", "TRUE")
+    assert app.plan() == {"shops": 0}, "the first load covers its own period"
+
+    let_time_pass(db, schema, timedelta(hours=1))
+    assert app.plan() == {"shops": 1}
+    assert app.plan() == {"shops": 0}, "a refresh is open"
+    assert [r["mode"] for r in rows(db, schema)] == ["initial", "recurring"]
+
+
+# -- which owners -------------------------------------------------------------------------------
+
+
+def test_plan_with_an_owner_object_plans_that_owner_now(app, db, schema):
+    windowed_app(app, [Owner("acme-us", lane="acme"), Owner("globex")])
+
+    assert app.plan("shops", Owner("new", lane="shared")) == {"shops": 3}
+
+    planned = rows(db, schema)
+    assert {(r["owner"], r["lane"]) for r in planned} == {("new", "shared")}
+
+
+def test_plan_with_a_connected_owner_id_plans_only_that_owner(app, db, schema):
+    windowed_app(app, [Owner("acme-us", lane="acme"), Owner("globex")])
+
+    assert app.plan("shops", "acme-us") == {"shops": 3}
+
+    assert {(r["owner"], r["lane"]) for r in rows(db, schema)} == {("acme-us", "acme")}
+
+
+def test_planning_an_owner_the_source_does_not_return_creates_nothing(app, db, schema):
+    windowed_app(app, [Owner("acme-us", lane="acme"), Owner("globex")])
+
+    assert app.plan("shops", "gone") == {"shops": 0}
+    assert count(db, schema) == 0
+
+
+# -- configuration --------------------------------------------------------------------------------
+
+
+def test_planning_a_queue_without_an_owner_source_names_the_decorator(app, db, schema):
+    app.queue("shops").snapshot("products", every=DAY)(lambda job: Page(None))
+
+    with pytest.raises(ConfigError, match=re.escape("@shops.owners")):
+        app.plan("shops")
+    with pytest.raises(ConfigError, match=re.escape("@shops.owners")):
+        app.plan()
+    assert count(db, schema) == 0
+
+
+def test_planning_an_unknown_queue_or_type_is_a_config_error(app, db, schema):
+    windowed_app(app, [Owner("acme")])
+
+    with pytest.raises(ConfigError, match="'nope'"):
+        app.plan("nope")
+    with pytest.raises(ConfigError, match="'nope'"):
+        app.plan("shops", type="nope")
+    assert count(db, schema) == 0

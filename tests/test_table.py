@@ -1,0 +1,280 @@
+"""The jobs table (DESIGN §3): created at start-up, versioned, published, and its two unique
+indexes carry the guarantees."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+from pathlib import Path
+
+import apps
+import psycopg
+import pytest
+from psycopg import errors, sql
+
+from synclane import Job, Owner, Page, SchemaError, SyncLane
+from synclane.store import SCHEMA_VERSION, schema_ddl
+
+DOCS_SCHEMA = Path(__file__).resolve().parent.parent / "docs" / "schema.sql"
+
+# The columns DESIGN §3 names, with the types a user may rely on.
+COLUMNS = {
+    "id": "bigint",
+    "queue": "text",
+    "owner": "text",
+    "lane": "text",
+    "type": "text",
+    "mode": "text",
+    "status": "text",
+    "priority": "integer",
+    "window_start": "timestamp with time zone",
+    "window_end": "timestamp with time zone",
+    "dedup_key": "text",
+    "cursor": "text",
+    "processed_count": "bigint",
+    "attempt_count": "integer",
+    "throttle_count": "integer",
+    "error": "text",
+    "next_run_at": "timestamp with time zone",
+    "leased_by": "text",
+    "lease_token": "uuid",
+    "lease_expires_at": "timestamp with time zone",
+    "created_at": "timestamp with time zone",
+    "started_at": "timestamp with time zone",
+    "heartbeat_at": "timestamp with time zone",
+    "completed_at": "timestamp with time zone",
+}
+
+
+def table(schema: str, name: str = "jobs") -> sql.Composed:
+    return sql.SQL("{}.{}").format(sql.Identifier(schema), sql.Identifier(name))
+
+
+def schema_exists(db: psycopg.Connection, schema: str) -> bool:
+    row = db.execute("SELECT count(*) FROM pg_namespace WHERE nspname = %s", [schema]).fetchone()
+    return row is not None and row[0] == 1
+
+
+def insert_job(
+    db: psycopg.Connection,
+    schema: str,
+    *,
+    owner: str = "acme-us",
+    lane: str = "acme",
+    key: str = "manual:1",
+    status: str = "pending",
+    queue: str = "shops",
+) -> int:
+    row = db.execute(
+        sql.SQL(
+            "INSERT INTO {} (queue, owner, lane, type, mode, status, dedup_key) "
+            "VALUES (%s, %s, %s, 'orders', 'manual', %s, %s) RETURNING id"
+        ).format(table(schema)),
+        [queue, owner, lane, status, key],
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_the_table_is_created_at_start_up_with_the_designed_columns(app, db, schema):
+    rows = db.execute(
+        "SELECT column_name, data_type FROM information_schema.columns "
+        "WHERE table_schema = %s AND table_name = 'jobs'",
+        [schema],
+    ).fetchall()
+    assert dict(rows) == COLUMNS
+
+
+def test_starting_twice_on_one_schema_keeps_the_table_and_its_rows(app, db, dsn, schema):
+    job_id = insert_job(db, schema)
+
+    again = SyncLane(dsn, schema=schema)
+    try:
+        assert again.migrate() == SCHEMA_VERSION
+    finally:
+        again.close()
+
+    ids = db.execute(sql.SQL("SELECT id FROM {}").format(table(schema))).fetchall()
+    assert ids == [(job_id,)]
+    versions = db.execute(
+        sql.SQL("SELECT version FROM {}").format(table(schema, "schema_version"))
+    ).fetchall()
+    assert versions == [(SCHEMA_VERSION,)]
+
+
+def test_a_schema_version_row_is_recorded(app, db, schema):
+    rows = db.execute(
+        sql.SQL("SELECT version, applied_at IS NOT NULL FROM {}").format(
+            table(schema, "schema_version")
+        )
+    ).fetchall()
+    assert rows == [(1, True)]
+
+
+def test_create_schema_false_on_a_missing_schema_fails_with_a_clear_error(dsn, db, schema):
+    """The error comes at construction or, at the latest, at the first operation; it names the
+    schema and the fix instead of leaking 'relation does not exist'."""
+    created: list[SyncLane] = []
+    try:
+        with pytest.raises(SchemaError, match=r"(?s)" + schema + r".*migrate"):
+            lane = SyncLane(dsn, schema=schema, create_schema=False)
+            created.append(lane)
+            shops = lane.queue("shops")
+            shops.owners(lambda queue: [Owner("acme")])
+
+            @shops.snapshot("products", every=timedelta(days=1))
+            def products(job: Job) -> Page:
+                return Page(None)
+
+            lane.enqueue("shops", "acme", "products")
+    finally:
+        for lane in created:
+            lane.close()
+    assert not schema_exists(db, schema), "create_schema=False must not create the schema"
+
+
+def test_create_schema_false_then_migrate_creates_the_schema(dsn, db, schema):
+    lane = SyncLane(dsn, schema=schema, create_schema=False)
+    try:
+        assert lane.migrate() == SCHEMA_VERSION
+        lane.queue("shops").snapshot("products", every=60)(lambda job: Page(None))
+        assert lane.enqueue("shops", "acme", "products") > 0
+    finally:
+        lane.close()
+    assert schema_exists(db, schema)
+
+
+def test_create_schema_false_refuses_a_schema_made_by_a_newer_synclane(app, db, dsn, schema):
+    """An older synclane must not write to a newer schema just because it skips the DDL."""
+    db.execute(
+        sql.SQL("INSERT INTO {} (version) VALUES (99)").format(table(schema, "schema_version"))
+    )
+    created: list[SyncLane] = []
+    try:
+        with pytest.raises(SchemaError, match=r"(?s)newer synclane.*99"):
+            lane = SyncLane(dsn, schema=schema, create_schema=False)
+            created.append(lane)
+            lane.queue("shops").snapshot("products", every=60)(lambda job: Page(None))
+            lane.enqueue("shops", "acme", "products")
+    finally:
+        for lane in created:
+            lane.close()
+    assert db.execute(sql.SQL("SELECT count(*) FROM {}").format(table(schema))).fetchone() == (0,)
+
+
+def test_create_schema_false_on_an_existing_schema_works(app, dsn, schema):
+    lane = SyncLane(dsn, schema=schema, create_schema=False)
+    try:
+        lane.queue("shops").snapshot("products", every=60)(lambda job: Page(None))
+        assert lane.enqueue("shops", "acme", "products") > 0
+    finally:
+        lane.close()
+
+
+def test_a_schema_made_by_a_newer_synclane_is_refused(app, db, dsn, schema):
+    db.execute(
+        sql.SQL("INSERT INTO {} (version) VALUES (99)").format(table(schema, "schema_version"))
+    )
+
+    with pytest.raises(SchemaError, match=r"(?s)newer synclane.*99"):
+        app.migrate()
+    with pytest.raises(SchemaError, match=r"(?s)newer synclane.*99"):
+        SyncLane(dsn, schema=schema)
+
+
+def test_docs_schema_sql_is_the_ddl_the_package_applies():
+    assert DOCS_SCHEMA.read_text(encoding="utf-8") == schema_ddl("synclane")
+
+
+def test_docs_schema_sql_applies_and_can_be_applied_again(db):
+    """Teams that run their own migrations apply docs/schema.sql as it is (rolled back here)."""
+    ddl = DOCS_SCHEMA.read_text(encoding="utf-8")
+    with db.transaction(force_rollback=True):
+        db.execute(ddl)
+        db.execute(ddl)
+        row = db.execute('SELECT max(version) FROM "synclane".schema_version').fetchone()
+        assert row == (1,)
+
+
+@pytest.mark.processes
+def test_eight_processes_starting_at_once_all_succeed(dsn, db, schema):
+    reports = apps.run_together(apps.start_at_once, 8, dsn, schema)
+
+    assert reports == [("ok", "")] * 8
+    versions = db.execute(
+        sql.SQL("SELECT version FROM {}").format(table(schema, "schema_version"))
+    ).fetchall()
+    assert versions == [(SCHEMA_VERSION,)]
+
+
+def test_the_two_unique_indexes_exist(app, db, schema):
+    rows = db.execute(
+        "SELECT indexdef FROM pg_indexes WHERE schemaname = %s AND tablename = 'jobs' "
+        "AND indexdef LIKE 'CREATE UNIQUE INDEX%%'",
+        [schema],
+    ).fetchall()
+    definitions = sorted(row[0].split(" USING btree ")[1] for row in rows)
+    assert definitions == [
+        "(id)",  # the primary key
+        "(queue, lane) WHERE (status = 'running'::text)",
+        "(queue, owner, type, dedup_key)",
+    ]
+
+
+def test_a_second_row_with_the_same_dedup_key_conflicts(app, db, schema):
+    insert_job(db, schema, key="initial:2024-01-01T00:00:00Z")
+    # The same key is fine for another owner or another queue.
+    insert_job(db, schema, owner="globex", lane="globex", key="initial:2024-01-01T00:00:00Z")
+    insert_job(db, schema, queue="other", key="initial:2024-01-01T00:00:00Z")
+
+    with pytest.raises(errors.UniqueViolation):
+        insert_job(db, schema, lane="elsewhere", key="initial:2024-01-01T00:00:00Z")
+
+
+def test_a_lane_cannot_have_two_running_jobs(app, db, schema):
+    # Two owners that share the lane 'acme', and one job of another lane.
+    first = insert_job(db, schema, owner="acme-us", lane="acme", key="manual:1")
+    second = insert_job(db, schema, owner="acme-eu", lane="acme", key="manual:2")
+    other_lane = insert_job(db, schema, owner="globex", lane="globex", key="manual:3")
+    other_queue = insert_job(db, schema, queue="other", lane="acme", key="manual:4")
+    run = sql.SQL("UPDATE {} SET status = 'running' WHERE id = %s").format(table(schema))
+
+    db.execute(run, [first])
+    db.execute(run, [other_lane])
+    db.execute(run, [other_queue])
+    with pytest.raises(errors.UniqueViolation):
+        db.execute(run, [second])
+
+    # Once the first finishes, the lane is free again.
+    db.execute(
+        sql.SQL("UPDATE {} SET status = 'completed' WHERE id = %s").format(table(schema)), [first]
+    )
+    db.execute(run, [second])
+
+
+def test_a_schema_name_with_quotes_and_spaces_is_an_identifier(dsn, db):
+    weird = f'we"ird schema; {uuid.uuid4().hex[:8]}'
+    lane = SyncLane(dsn, schema=weird)
+    try:
+        shops = lane.queue("shops")
+        shops.owners(lambda queue: [Owner("acme-us", lane="acme"), Owner("globex")])
+
+        @shops.windowed("orders", horizon=60 * 86400, slice=30 * 86400, every=900)
+        def orders(job: Job) -> Page:
+            return Page(None)
+
+        assert schema_exists(db, weird)
+        assert lane.plan() == {"shops": 6}
+        assert lane.plan() == {"shops": 0}
+        manual = lane.enqueue("shops", "acme-us", "orders", dedup_key="manual:x")
+        assert lane.enqueue("shops", "acme-us", "orders", dedup_key="manual:x") == manual
+        assert lane.cancel("shops", "globex", "disconnected") == 3
+        assert lane.requeue("shops", include_cancelled=True) == 3
+        assert len(lane.jobs("shops")) == 7
+        assert set(lane.progress("shops")["owner"]) == {"acme-us", "globex"}
+        count = db.execute(sql.SQL("SELECT count(*) FROM {}").format(table(weird))).fetchone()
+        assert count == (7,)
+        assert not schema_exists(db, "we"), "the name was split instead of quoted"
+    finally:
+        lane.close()
+        db.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(weird)))
