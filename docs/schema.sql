@@ -67,6 +67,10 @@ CREATE INDEX IF NOT EXISTS jobs_open_owner
 CREATE INDEX IF NOT EXISTS jobs_owner_window
     ON "synclane".jobs (queue, owner, type, window_end);
 
+-- Planning finds when a snapshot type's newest job was created without scanning its history.
+CREATE INDEX IF NOT EXISTS jobs_owner_created
+    ON "synclane".jobs (queue, owner, type, created_at) WHERE window_end IS NULL;
+
 -- A cancelled job whose worker has not yet noticed keeps its lane until its lease ends.
 CREATE INDEX IF NOT EXISTS jobs_cancelled_lease
     ON "synclane".jobs (queue, lane) WHERE status = 'cancelled' AND lease_token IS NOT NULL;

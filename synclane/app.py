@@ -353,7 +353,9 @@ class SyncLane:
                 existing = planning.Existing(
                     oldest_initial_start=row["oldest_initial_start"],
                     coverage_end=row["coverage_end"],
+                    coverage_mode=row["coverage_mode"],
                     initial_created_at=row["initial_created_at"],
+                    last_created_at=row["last_created_at"],
                     open_recurring=row["open_recurring"],
                     open_any=row["open_any"],
                 )

@@ -21,7 +21,9 @@ class Existing:
 
     oldest_initial_start: datetime | None = None  # window_start of the oldest initial slice
     coverage_end: datetime | None = None  # latest window_end of any job of the type
+    coverage_mode: str | None = None  # the mode of the job that ends there
     initial_created_at: datetime | None = None  # a snapshot type's initial job
+    last_created_at: datetime | None = None  # a snapshot type's newest job
     open_recurring: bool = False  # a recurring job is pending, running or failed
     open_any: bool = False  # any job is pending, running or failed
 
@@ -87,8 +89,9 @@ def _snapshot(
     if existing.initial_created_at is None:
         return [_job(job_type, owner, "initial", "initial")]
     period = period_start(now, job_type.every)
+    last = max(existing.initial_created_at, existing.last_created_at or existing.initial_created_at)
     # The first load covers its own period; a slow lane must not pile up refreshes.
-    if existing.open_any or period_start(existing.initial_created_at, job_type.every) == period:
+    if existing.open_any or period_start(last, job_type.every) == period:
         return []
     return [_job(job_type, owner, "recurring", f"recurring:{iso(period)}")]
 
@@ -113,12 +116,17 @@ def _windowed(
         coverage_end = today
     if existing.open_recurring or coverage_end is None:
         return jobs
+    period_began = period_start(now, job_type.every)
+    if existing.coverage_mode == "recurring" and coverage_end >= period_began:
+        # A refresh ends at the instant it was planned: this period has had its refresh. (The
+        # dedup key would refuse a second one too; this spares the insert.)
+        return jobs
     # A refresh starts where coverage ends (minus the overlap) and ends now; a gap longer than a
     # slice (the system was down) is cut into slices so that no job covers weeks at once.
     start = coverage_end - job_type.overlap
     if start >= now:
         return jobs
-    period = iso(period_start(now, job_type.every))
+    period = iso(period_began)
     pieces: list[tuple[datetime, datetime]] = []
     while start + job_type.slice < now:
         pieces.append((start, start + job_type.slice))

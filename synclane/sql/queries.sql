@@ -31,11 +31,22 @@ SELECT
         SELECT max(j.window_end) FROM {schema}.jobs j
         WHERE j.queue = %(queue)s AND j.owner = o.owner AND j.type = t.type
     ) END AS coverage_end,
+    CASE WHEN t.windowed THEN (
+        SELECT j.mode FROM {schema}.jobs j
+        WHERE j.queue = %(queue)s AND j.owner = o.owner AND j.type = t.type
+          AND j.window_end IS NOT NULL
+        ORDER BY j.window_end DESC LIMIT 1
+    ) END AS coverage_mode,
     CASE WHEN NOT t.windowed THEN (
         SELECT j.created_at FROM {schema}.jobs j
         WHERE j.queue = %(queue)s AND j.owner = o.owner AND j.type = t.type
           AND j.dedup_key = 'initial'
     ) END AS initial_created_at,
+    CASE WHEN NOT t.windowed THEN (
+        SELECT max(j.created_at) FROM {schema}.jobs j
+        WHERE j.queue = %(queue)s AND j.owner = o.owner AND j.type = t.type
+          AND j.window_end IS NULL
+    ) END AS last_created_at,
     t.windowed AND EXISTS (
         SELECT 1 FROM {schema}.jobs j
         WHERE j.queue = %(queue)s AND j.owner = o.owner AND j.type = t.type
