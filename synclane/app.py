@@ -141,7 +141,9 @@ class Queue:
 
 
 class SyncLane:
-    """The application: a database, a schema, and the queues declared on it."""
+    """The application: a database, a schema, and the queues declared on it.
+
+    `dsn=None` means $SYNCLANE_DSN when it is set, else the embedded PostgreSQL."""
 
     def __init__(
         self,
@@ -163,6 +165,8 @@ class SyncLane:
             "worker_name", worker_name or f"{socket.gethostname()}:{os.getpid()}"
         )
         self.queues: dict[str, Queue] = {}
+        if dsn is None:
+            dsn = os.environ.get("SYNCLANE_DSN") or None
         self._embedded = dsn is None
         if dsn is None:
             from synclane.embedded import embedded_dsn
@@ -184,6 +188,11 @@ class SyncLane:
     @property
     def dsn(self) -> str:
         return self._dsn
+
+    @property
+    def embedded(self) -> bool:
+        """Whether this app runs on the embedded PostgreSQL."""
+        return self._embedded
 
     # -- configuration --------------------------------------------------------------------
 
@@ -238,7 +247,8 @@ class SyncLane:
             )
         except psycopg.OperationalError as error:
             where = "the embedded PostgreSQL" if self._embedded else redact(self._dsn)
-            reason = str(error).strip().splitlines()[-1] if str(error).strip() else "no answer"
+            lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+            reason = lines[0] if lines else "no answer"
             raise DatabaseUnavailable(
                 f"cannot connect to {where}: {reason}. Check the DSN and that PostgreSQL runs."
             ) from None
@@ -467,15 +477,17 @@ class SyncLane:
         *,
         ids: Sequence[int] | None = None,
         include_cancelled: bool = False,
+        cause: str | None = None,
     ) -> int:
         """Give failed, deferred and abandoned jobs fresh attempts (cancelled ones too when
-        asked). Cursors are kept, so each continues from its last saved page. Returns how many."""
+        asked). Cursors are kept, so each continues from its last saved page. `cause` (a row of
+        `failures()`) requeues the jobs whose error has that cause. Returns how many."""
         q = self.get_queue(queue)
         if type is not None:
             q.job_type(type)
         statuses = REQUEUE_STATUSES + (("cancelled",) if include_cancelled else ())
         with self.connection() as conn:
-            requeued = self.store.requeue(conn, q.name, owner, type, statuses, ids)
+            requeued = self.store.requeue(conn, q.name, owner, type, statuses, ids, cause)
         if requeued:
             log.info("requeued %d job(s) in queue %s", len(requeued), q.name)
         return len(requeued)
@@ -527,7 +539,7 @@ class SyncLane:
             "limit": limit,
         }
         with self.connection() as conn:
-            columns, rows = self.store.list_jobs(conn, params)
+            columns, rows = self.store.rows(conn, "list_jobs", params)
         return frames.jobs_frame(columns, rows)
 
     def progress(self, queue: str, owner: str | None = None) -> pd.DataFrame:
@@ -536,27 +548,67 @@ class SyncLane:
 
         q = self.get_queue(queue)
         with self.connection() as conn:
-            columns, rows = self.store.progress(conn, q.name, owner)
+            columns, rows = self.store.rows(conn, "progress", {"queue": q.name, "owner": owner})
         return frames.progress_frame(columns, rows)
+
+    def failures(
+        self, queue: str | None = None, owner: str | None = None, type: str | None = None
+    ) -> pd.DataFrame:
+        """Open failures (failed, deferred, abandoned) grouped by cause: the error's first line
+        with numbers, hex strings and UUIDs masked. `requeue(queue, cause=...)` takes a cause."""
+        from synclane import frames
+
+        if queue is not None:
+            self.get_queue(queue)
+        params = {"queue": queue, "owner": owner, "type": type}
+        with self.connection() as conn:
+            columns, rows = self.store.rows(conn, "failures", params)
+        return frames.typed_frame(columns, rows)
+
+    def lanes(self, queue: str | None = None) -> pd.DataFrame:
+        """One row per lane with open jobs: what runs there now, who holds it, since when."""
+        from synclane import frames
+
+        if queue is not None:
+            self.get_queue(queue)
+        with self.connection() as conn:
+            columns, rows = self.store.rows(conn, "lanes", {"queue": queue})
+        return frames.typed_frame(columns, rows)
+
+    def open_jobs(self, queues: Sequence[str] | None = None) -> int:
+        """How many jobs of these queues (default: all declared) have not finished."""
+        names = [self.get_queue(q).name for q in queues] if queues else list(self.queues)
+        with self.connection() as conn:
+            row = conn.execute(self.store.query("open_jobs"), {"queues": names}).fetchone()
+        return 0 if row is None else int(row[0])
 
     # -- workers --------------------------------------------------------------------------
 
     def run_worker(
-        self, queues: Sequence[str] | None = None, stop_after: timedelta | float | None = None
+        self,
+        queues: Sequence[str] | None = None,
+        stop_after: timedelta | float | None = None,
+        *,
+        until_idle: bool = False,
     ) -> dict[str, int]:
-        """Run worker slots until SIGINT/SIGTERM or until `stop_after` has passed; running jobs
-        are handed back with their cursors. Returns what the slots did, e.g. {'completed': 12}."""
+        """Run worker slots until SIGINT/SIGTERM, until `stop_after` has passed, or (with
+        `until_idle`) until no job is running or can be taken; running jobs are handed back
+        with their cursors. Returns what the slots did, e.g. {'completed': 12}."""
         from synclane.worker import Worker
 
-        return Worker(self, queues, stop_after).run()
+        return Worker(self, queues, stop_after, until_idle=until_idle).run()
 
     async def run_worker_async(
-        self, queues: Sequence[str] | None = None, stop_after: timedelta | float | None = None
+        self,
+        queues: Sequence[str] | None = None,
+        stop_after: timedelta | float | None = None,
+        *,
+        until_idle: bool = False,
     ) -> dict[str, int]:
         """The async twin of run_worker, for code that already runs an event loop."""
         from synclane.worker import Worker
 
-        return await Worker(self, queues, stop_after).run_async()
+        return await Worker(self, queues, stop_after, until_idle=until_idle).run_async()
 
 
 def _run_coroutine(awaitable: Awaitable[Any]) -> Any:

@@ -11,6 +11,10 @@ import pandas as pd
 from synclane.model import MODES, STATUSES
 
 TIMESTAMPS = (
+    "first_seen",
+    "last_seen",
+    "next_due",
+    "since",
     "window_start",
     "window_end",
     "next_run_at",
@@ -24,6 +28,10 @@ TIMESTAMPS = (
 )
 INTEGERS = (
     "id",
+    "job_id",
+    "jobs",
+    "owner_count",
+    "waiting",
     "priority",
     "processed_count",
     "attempt_count",
@@ -33,7 +41,18 @@ INTEGERS = (
     "slices_failed",
     "records",
 )
-STRINGS = ("queue", "owner", "lane", "type", "dedup_key", "cursor", "error", "leased_by")
+STRINGS = (
+    "queue",
+    "owner",
+    "lane",
+    "type",
+    "dedup_key",
+    "cursor",
+    "error",
+    "leased_by",
+    "cause",
+    "example",
+)
 
 
 def _typed(columns: Sequence[str], rows: Sequence[tuple[Any, ...]]) -> pd.DataFrame:
@@ -55,8 +74,11 @@ def _typed(columns: Sequence[str], rows: Sequence[tuple[Any, ...]]) -> pd.DataFr
     return frame
 
 
-def jobs_frame(columns: Sequence[str], rows: Sequence[tuple[Any, ...]]) -> pd.DataFrame:
+def typed_frame(columns: Sequence[str], rows: Sequence[tuple[Any, ...]]) -> pd.DataFrame:
     return _typed(columns, rows)
+
+
+jobs_frame = typed_frame
 
 
 def progress_frame(columns: Sequence[str], rows: Sequence[tuple[Any, ...]]) -> pd.DataFrame:

@@ -207,6 +207,7 @@ class Store:
         type: str | None,
         statuses: Iterable[str],
         ids: Sequence[int] | None,
+        cause: str | None = None,
     ) -> list[int]:
         params = {
             "queue": queue,
@@ -214,6 +215,7 @@ class Store:
             "type": type,
             "statuses": list(statuses),
             "ids": None if ids is None else list(ids),
+            "cause": cause,
         }
         return [row[0] for row in conn.execute(self.query("requeue_jobs"), params).fetchall()]
 
@@ -223,16 +225,11 @@ class Store:
         params = {"queue": queue, "owner": owner, "type": type, "error": error}
         return [row[0] for row in conn.execute(self.query("cancel_jobs"), params).fetchall()]
 
-    def list_jobs(
-        self, conn: psycopg.Connection[Any], params: Mapping[str, Any]
+    def rows(
+        self, conn: psycopg.Connection[Any], name: str, params: Mapping[str, Any]
     ) -> tuple[list[str], list[tuple[Any, ...]]]:
-        cur = conn.execute(self.query("list_jobs"), params)
-        return [d.name for d in cur.description or []], cur.fetchall()
-
-    def progress(
-        self, conn: psycopg.Connection[Any], queue: str, owner: str | None
-    ) -> tuple[list[str], list[tuple[Any, ...]]]:
-        cur = conn.execute(self.query("progress"), {"queue": queue, "owner": owner})
+        """A read for a DataFrame: column names and rows."""
+        cur = conn.execute(self.query(name), params)
         return [d.name for d in cur.description or []], cur.fetchall()
 
     # -- worker (async) -------------------------------------------------------------------

@@ -81,8 +81,11 @@ class Worker:
         app: SyncLane,
         queues: Sequence[str] | None = None,
         stop_after: timedelta | float | None = None,
+        *,
+        until_idle: bool = False,
     ) -> None:
         self.app = app
+        self.until_idle = until_idle
         names = list(app.queues) if queues is None else list(queues)
         if isinstance(queues, str):
             names = [queues]
@@ -103,6 +106,9 @@ class Worker:
         self._pool: AsyncConnectionPool[Any] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop_requested = False
+        self._busy = 0  # slots running a job now
+        self._started = 0  # jobs started so far
+        self._planned: asyncio.Event | None = None
 
     # -- life cycle -----------------------------------------------------------------------
 
@@ -130,6 +136,7 @@ class Worker:
         if self._stop_requested:
             self._stop.set()
         self._wake = asyncio.Event()
+        self._planned = asyncio.Event()
         slots = sum(q.settings.concurrency for q in self.queues)
         self._pool = AsyncConnectionPool(
             self.app.dsn,
@@ -153,6 +160,8 @@ class Worker:
         ]
         if self.stop_after is not None:
             helpers.append(asyncio.create_task(self._stop_later(self.stop_after)))
+        if self.until_idle:
+            helpers.append(asyncio.create_task(self._stop_when_idle()))
         try:
             slot_tasks = [
                 asyncio.create_task(self._slot(queue, number))
@@ -224,8 +233,38 @@ class Worker:
 
     # -- background duties ----------------------------------------------------------------
 
+    async def _stop_when_idle(self) -> None:
+        """Stop once no slot has run a job for two polls in a row and no job of these queues
+        runs anywhere (a job finishing elsewhere could free a lane)."""
+        assert self._planned is not None and self._pool is not None
+        await self._planned.wait()
+        interval = self.app.poll_interval.total_seconds()
+        names = [q.name for q in self.queues]
+        quiet, seen = 0, -1
+        while not self.stopping:
+            await self._pause_for_stop(interval)
+            if self._busy == 0 and self._started == seen:
+                try:
+                    async with self._pool.connection() as conn:
+                        cur = await conn.execute(
+                            self.app.store.query("running_jobs"), {"queues": names}
+                        )
+                        row = await cur.fetchone()
+                except psycopg.OperationalError:
+                    continue
+                quiet = quiet + 1 if row is not None and row[0] == 0 else 0
+            else:
+                quiet = 0
+            seen = self._started
+            if quiet >= 2:
+                log.info("worker %s: nothing left to do, stopping", self.app.worker_name)
+                self.stop()
+
     async def _plan_loop(self) -> None:
+        assert self._planned is not None
         plannable = [q for q in self.queues if q.types and q.owner_source is not None]
+        if not plannable:
+            self._planned.set()
         while not self.stopping and plannable:
             for queue in plannable:
                 try:
@@ -235,6 +274,7 @@ class Worker:
                     continue
                 if added.get(queue.name):
                     self._nudge()
+            self._planned.set()
             await self._pause_for_stop(self.app.plan_interval.total_seconds())
 
     async def _reclaim_loop(self) -> None:
@@ -302,7 +342,12 @@ class Worker:
             if taken is None:
                 await self._pause(self.app.poll_interval.total_seconds())
                 continue
-            await self._run_job(queue, taken)
+            self._busy += 1
+            self._started += 1
+            try:
+                await self._run_job(queue, taken)
+            finally:
+                self._busy -= 1
 
     async def _take(self, queue: Queue) -> TakenJob | None:
         assert self._pool is not None

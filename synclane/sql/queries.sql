@@ -106,6 +106,7 @@ WHERE queue = %(queue)s
   AND (%(owner)s::text IS NULL OR owner = %(owner)s)
   AND (%(type)s::text IS NULL OR type = %(type)s)
   AND (%(ids)s::bigint[] IS NULL OR id = ANY (%(ids)s::bigint[]))
+  AND (%(cause)s::text IS NULL OR {schema}.error_cause(error) = %(cause)s)
   AND status = ANY (%(statuses)s::text[])
 RETURNING id;
 
@@ -147,6 +148,52 @@ FROM {schema}.jobs
 WHERE queue = %(queue)s AND (%(owner)s::text IS NULL OR owner = %(owner)s)
 GROUP BY owner, type
 ORDER BY owner, type;
+
+-- name: open_jobs
+-- how many jobs of these queues have not finished (from the partial index of open rows)
+SELECT count(*) FROM {schema}.jobs
+WHERE queue = ANY (%(queues)s::text[]) AND status IN ('pending', 'running', 'failed', 'deferred');
+
+-- name: running_jobs
+-- how many jobs of these queues run now, in any process (from the running-lane index)
+SELECT count(*) FROM {schema}.jobs
+WHERE queue = ANY (%(queues)s::text[]) AND status = 'running';
+
+-- name: failures
+-- open failures grouped by cause (the error's first line, numbers and ids masked), aggregated in
+-- the database; reads only failed, deferred and abandoned rows
+SELECT queue, type, {schema}.error_cause(error) AS cause,
+       count(*) AS jobs,
+       count(DISTINCT owner) AS owner_count,
+       array_agg(DISTINCT owner ORDER BY owner) AS owners,
+       array_agg(DISTINCT status ORDER BY status) AS statuses,
+       min(coalesce(heartbeat_at, created_at)) AS first_seen,
+       max(coalesce(heartbeat_at, created_at)) AS last_seen,
+       (array_agg(error ORDER BY id DESC))[1] AS example,
+       (array_agg(id ORDER BY id DESC))[1:20] AS job_ids
+FROM {schema}.jobs
+WHERE status IN ('failed', 'deferred', 'abandoned')
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+  AND (%(owner)s::text IS NULL OR owner = %(owner)s)
+  AND (%(type)s::text IS NULL OR type = %(type)s)
+GROUP BY queue, type, cause
+ORDER BY jobs DESC, last_seen DESC;
+
+-- name: lanes
+-- what each lane with open jobs is doing now: its running job (if any) and who holds it, how many
+-- jobs wait, and when the next is due; reads only open rows
+SELECT o.queue, o.lane,
+       count(*) FILTER (WHERE o.status <> 'running') AS waiting,
+       min(o.next_run_at) FILTER (WHERE o.status IN ('pending', 'failed')) AS next_due,
+       r.id AS job_id, r.owner, r.type, r.window_start, r.window_end, r.cursor,
+       r.processed_count, r.leased_by, r.started_at AS since, r.lease_expires_at
+FROM {schema}.jobs o
+LEFT JOIN {schema}.jobs r
+  ON r.queue = o.queue AND r.lane = o.lane AND r.status = 'running'
+WHERE o.status IN ('pending', 'running', 'failed', 'deferred')
+  AND (%(queue)s::text IS NULL OR o.queue = %(queue)s)
+GROUP BY o.queue, o.lane, r.id
+ORDER BY o.queue, o.lane;
 
 -- name: take_front
 -- takes the best due job of a free lane from the front of the line and marks it running under a

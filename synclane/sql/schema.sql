@@ -39,6 +39,18 @@ CREATE TABLE IF NOT EXISTS {schema}.jobs (
     CHECK (window_start IS NULL OR window_end IS NULL OR window_start < window_end)
 );
 
+-- The cause of an error: its first line with UUIDs, hex strings and numbers masked, so that
+-- "order 41 not found" and "order 97 not found" are one cause. Used by failures() and
+-- requeue(cause=...); usable from psql too.
+CREATE OR REPLACE FUNCTION {schema}.error_cause(error text) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT regexp_replace(regexp_replace(regexp_replace(
+        split_part(error, E'\n', 1),
+        '[0-9a-fA-F]{{8}}-[0-9a-fA-F]{{4}}-[0-9a-fA-F]{{4}}-[0-9a-fA-F]{{4}}-[0-9a-fA-F]{{12}}', '<uuid>', 'g'),
+        '\m(0x[0-9a-fA-F]+|[0-9a-fA-F]*[0-9][0-9a-fA-F]*[a-fA-F][0-9a-fA-F]*|[0-9a-fA-F]*[a-fA-F][0-9a-fA-F]*[0-9][0-9a-fA-F]*)\M', '<hex>', 'g'),
+        '[0-9]+', '<n>', 'g')
+$$;
+
 -- A planned job is created once, however many planners run at the same moment.
 CREATE UNIQUE INDEX IF NOT EXISTS jobs_dedup_key
     ON {schema}.jobs (queue, owner, type, dedup_key);
