@@ -279,9 +279,12 @@ def cmd_demo(args: argparse.Namespace) -> None:
     where = "the embedded PostgreSQL" if app.embedded else redact(app.dsn)
     server = None
     if not args.no_page:
-        server = dashboard.make_server(app, host="127.0.0.1", port=args.port)
+        server = dashboard.make_server(
+            app, host=args.host, port=args.port, allow_remote=args.allow_remote
+        )
         threading.Thread(target=server.serve_forever, daemon=True).start()
-        print(f"synclane demo on {where}: open http://127.0.0.1:{args.port}", flush=True)
+        shown = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
+        print(f"synclane demo on {where}: open http://{shown}:{args.port}", flush=True)
     else:
         print(f"synclane demo on {where}", flush=True)
     print("Ctrl-C stops it; `synclane --app synclane.demo.app:app jobs` shows the table.")
@@ -331,7 +334,9 @@ def parser() -> argparse.ArgumentParser:
         return sub
 
     demo = command("demo", cmd_demo, "run the demo shop with workers and its page")
+    demo.add_argument("--host", default="127.0.0.1", help="where the page listens")
     demo.add_argument("--port", type=int, default=8080)
+    demo.add_argument("--allow-remote", action="store_true", help="allow a non-loopback host")
     demo.add_argument("--speed", type=float, default=1.0, help="time factor; 0.1 is 10x faster")
     demo.add_argument("--for", dest="seconds", type=float, help="stop after this many seconds")
     demo.add_argument("--no-page", action="store_true", help="do not serve the page")

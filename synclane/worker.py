@@ -56,7 +56,19 @@ def retry_delay(attempt: int, base: timedelta, cap: timedelta) -> timedelta:
     return delay * random.uniform(0.9, 1.1)
 
 
-def describe(job: TakenJob | Job) -> str:
+class describe:  # noqa: N801 - used like a function; formats only when a line is logged
+    """The job for a log line: id, owner, lane, type and window."""
+
+    __slots__ = ("job",)
+
+    def __init__(self, job: TakenJob | Job) -> None:
+        self.job = job
+
+    def __str__(self) -> str:
+        return _describe(self.job)
+
+
+def _describe(job: TakenJob | Job) -> str:
     window = ""
     if job.window_start is not None or job.window_end is not None:
         start = job.window_start.isoformat() if job.window_start else "…"
@@ -413,11 +425,14 @@ class Worker:
                     job, cursor=page.next_cursor, processed_count=job.processed_count + page.count
                 )
         except Stopping:
-            if await self._write(
-                queue, "hand_back", {**guard, "previous_status": taken.previous_status}
-            ):
-                self.report["handed_back"] += 1
-                log.info("%s: handed back at cursor %r", describe(taken), job.cursor)
+            await self._hand_back(queue, taken, guard, job.cursor)
+        except asyncio.CancelledError:
+            # Cancelled from outside (asyncio.run tearing down after a BaseException such as
+            # Prefect's TerminationSignal, or a task group): the same hand-back as a stop,
+            # shielded so that the cancellation cannot interrupt it.
+            with contextlib.suppress(LeaseLost, psycopg.Error):
+                await asyncio.shield(self._hand_back(queue, taken, guard, job.cursor))
+            raise
         except LeaseLost as lost:
             await self._release_if_cancelled(queue, guard)
             self.report["lost"] += 1
@@ -431,6 +446,14 @@ class Worker:
                 log.warning("%s: abandoned: %s", describe(taken), abandon.reason)
         except Exception as error:
             await self._fail(queue, taken, guard, error)
+
+    async def _hand_back(
+        self, queue: Queue, taken: TakenJob, guard: dict[str, Any], cursor: str | None
+    ) -> None:
+        params = {**guard, "previous_status": taken.previous_status}
+        if await self._write(queue, "hand_back", params):
+            self.report["handed_back"] += 1
+            log.info("%s: handed back at cursor %r", describe(taken), cursor)
 
     async def _throttle(
         self, queue: Queue, taken: TakenJob, guard: dict[str, Any], throttle: Throttled

@@ -239,3 +239,35 @@ def test_retry_delay_doubles_and_is_capped() -> None:
         expected = min(10 * 2 ** (attempt - 1), 100)
         assert expected * 0.9 <= delay <= expected * 1.1
     assert retry_delay(500, base, cap) <= cap * 1.1
+
+
+def test_cancelling_the_worker_task_hands_the_job_back_with_its_cursor(
+    app: SyncLane, db: psycopg.Connection[Any], schema: str
+) -> None:
+    """An orchestrator that cancels run_worker_async (a task group, Prefect tearing down the
+    loop) goes through the same hand-back as a signal."""
+    import asyncio
+
+    queue = app.queue("q")
+    pages: list[str | None] = []
+
+    @queue.snapshot("products", every=DAY)
+    async def products(job: Job) -> Page:
+        pages.append(job.cursor)
+        if job.cursor == "2":
+            await asyncio.sleep(60)
+        return Page(str(int(job.cursor or 0) + 1), 1)
+
+    job_id = app.enqueue("q", "acme", "products")
+
+    async def scenario() -> None:
+        task = asyncio.create_task(app.run_worker_async())
+        while "2" not in pages:
+            await asyncio.sleep(0.02)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(scenario())
+    row = job_row(db, schema, job_id)
+    assert (row["status"], row["cursor"], row["attempt_count"]) == ("pending", "2", 0)

@@ -25,11 +25,13 @@ SELECT
     CASE WHEN t.windowed THEN (
         SELECT j.window_start FROM {schema}.jobs j
         WHERE j.queue = %(queue)s AND j.owner = o.owner AND j.type = t.type AND j.mode = 'initial'
+          AND j.window_end IS NOT NULL
         ORDER BY j.window_end LIMIT 1
     ) END AS oldest_initial_start,
     CASE WHEN t.windowed THEN (
         SELECT max(j.window_end) FROM {schema}.jobs j
         WHERE j.queue = %(queue)s AND j.owner = o.owner AND j.type = t.type
+          AND j.window_end IS NOT NULL
     ) END AS coverage_end,
     CASE WHEN t.windowed THEN (
         SELECT j.mode FROM {schema}.jobs j

@@ -77,9 +77,10 @@ CREATE INDEX IF NOT EXISTS jobs_open_owner
 
 -- Planning finds the oldest slice and where coverage ends without scanning history.
 CREATE INDEX IF NOT EXISTS jobs_owner_window
-    ON {schema}.jobs (queue, owner, type, window_end);
+    ON {schema}.jobs (queue, owner, type, window_end) WHERE window_end IS NOT NULL;
 
 -- Planning finds when a snapshot type's newest job was created without scanning its history.
+-- (Each row is in this index or in jobs_owner_window, never both: fewer index writes a job.)
 CREATE INDEX IF NOT EXISTS jobs_owner_created
     ON {schema}.jobs (queue, owner, type, created_at) WHERE window_end IS NULL;
 
