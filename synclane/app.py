@@ -8,6 +8,7 @@ import logging
 import os
 import socket
 import threading
+import weakref
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
@@ -262,6 +263,8 @@ class SyncLane:
         with self._conn_lock:
             if self._conn is None or self._conn.closed or self._conn.broken:
                 self._conn = self.connect()
+                # Closed when the app is collected or the interpreter exits, without a warning.
+                weakref.finalize(self, self._conn.close)
             try:
                 if check_schema and not self._schema_checked:
                     self.store.check_version(self._conn)

@@ -260,31 +260,45 @@ def cmd_dashboard(args: argparse.Namespace) -> None:
     from synclane import dashboard
 
     app = _app(args)
-    print(f"synclane dashboard on http://{args.host}:{args.port} (Ctrl-C stops it)", flush=True)
-    dashboard.serve(
+    server = dashboard.make_server(
         app,
         host=args.host,
         port=args.port,
         allow_remote=args.allow_remote,
         trust_proxy=args.trust_proxy,
     )
+    print(f"synclane dashboard on {server.url} (Ctrl-C stops it)", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
 
 
 def cmd_demo(args: argparse.Namespace) -> None:
     from synclane import dashboard
-    from synclane.demo import build_app
+    from synclane.demo import build_demo
     from synclane.worker import Worker
 
-    app = build_app(args.dsn or None, speed=args.speed)
+    # The demo's rows go to schema "demo" beside "synclane", or "<schema>_demo" beside another.
+    data_schema = "demo" if args.schema == "synclane" else f"{args.schema}_demo"
+    demo = build_demo(args.dsn or None, args.schema, args.speed, data_schema=data_schema)
+    if not args.keep:
+        demo.reset()  # each run tells the story from the start
+    app = demo.app
     where = "the embedded PostgreSQL" if app.embedded else redact(app.dsn)
     server = None
     if not args.no_page:
         server = dashboard.make_server(
-            app, host=args.host, port=args.port, allow_remote=args.allow_remote
+            app,
+            host=args.host,
+            port=args.port,
+            allow_remote=args.allow_remote,
+            trust_proxy=args.trust_proxy,
         )
         threading.Thread(target=server.serve_forever, daemon=True).start()
-        shown = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
-        print(f"synclane demo on {where}: open http://{shown}:{args.port}", flush=True)
+        print(f"synclane demo on {where}: open {server.url}", flush=True)
     else:
         print(f"synclane demo on {where}", flush=True)
     print("Ctrl-C stops it; `synclane --app synclane.demo.app:app jobs` shows the table.")
@@ -297,6 +311,7 @@ def cmd_demo(args: argparse.Namespace) -> None:
         if server is not None:
             server.shutdown()
             server.server_close()
+        demo.close()
     print(f"demo stopped: {report}")
 
 
@@ -324,12 +339,20 @@ def parser() -> argparse.ArgumentParser:
     )
     main.add_argument("--dsn", help="PostgreSQL DSN (default: $SYNCLANE_DSN, else embedded)")
     main.add_argument("--app", help="the app, package.module:attribute (default: $SYNCLANE_APP)")
-    main.add_argument("--schema", default="synclane", help="schema for `migrate` without --app")
+    main.add_argument(
+        "--schema",
+        default="synclane",
+        help="the table's schema for `demo` and for `migrate` without --app",
+    )
     main.add_argument("-v", "--verbose", action="store_true", help="log every job change")
     commands = main.add_subparsers(dest="command", required=True, metavar="command")
+    # --dsn and --app may also follow the command (`synclane dashboard --app x:app`).
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--dsn", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    common.add_argument("--app", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
     def command(name: str, run: Callable[[argparse.Namespace], None], text: str) -> Any:
-        sub = commands.add_parser(name, help=text, description=text)
+        sub = commands.add_parser(name, help=text, description=text, parents=[common])
         sub.set_defaults(run=run)
         return sub
 
@@ -337,9 +360,11 @@ def parser() -> argparse.ArgumentParser:
     demo.add_argument("--host", default="127.0.0.1", help="where the page listens")
     demo.add_argument("--port", type=int, default=8080)
     demo.add_argument("--allow-remote", action="store_true", help="allow a non-loopback host")
+    demo.add_argument("--trust-proxy", action="store_true", help="accept forwarding headers")
     demo.add_argument("--speed", type=float, default=1.0, help="time factor; 0.1 is 10x faster")
     demo.add_argument("--for", dest="seconds", type=float, help="stop after this many seconds")
     demo.add_argument("--no-page", action="store_true", help="do not serve the page")
+    demo.add_argument("--keep", action="store_true", help="continue the last run's story")
 
     command("migrate", cmd_migrate, "create or upgrade the schema")
 

@@ -56,7 +56,7 @@ def retry_delay(attempt: int, base: timedelta, cap: timedelta) -> timedelta:
     return delay * random.uniform(0.9, 1.1)
 
 
-class describe:  # noqa: N801 - used like a function; formats only when a line is logged
+class describe:  # lower case: used like a function; it formats only when a line is logged
     """The job for a log line: id, owner, lane, type and window."""
 
     __slots__ = ("job",)

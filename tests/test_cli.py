@@ -9,7 +9,9 @@ import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import psycopg
 import pytest
+from psycopg import sql
 
 from synclane import cli
 
@@ -115,3 +117,49 @@ def test_serve_without_prefect_says_how_to_install_it(run: Run) -> None:
     assert importlib.util.find_spec("prefect") is None, "the dev extras do not install Prefect"
     code, _, err = run("serve")
     assert code == 2 and "pip install 'synclane[prefect]'" in err
+
+
+def test_the_demo_command_plays_its_story_and_serves_its_page(dsn: str, schema: str) -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "synclane.cli",
+            "--dsn",
+            dsn,
+            "--schema",
+            schema,
+            "demo",
+            "--for",
+            "20",
+            "--speed",
+            "0.05",
+            "--port",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    try:
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert "open http://127.0.0.1:" in done.stdout
+        assert "planned" in done.stdout and "demo stopped" in done.stdout
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            rows = conn.execute(
+                sql.SQL("SELECT owner, status, cursor FROM {} WHERE status <> 'completed'").format(
+                    sql.Identifier(schema, "jobs")
+                )
+            ).fetchall()
+            loaded = conn.execute(
+                sql.SQL("SELECT count(DISTINCT owner) FROM {}").format(
+                    sql.Identifier(f"{schema}_demo", "orders")
+                )
+            ).fetchone()
+        assert rows == [("globex", "abandoned", "50")], "everything else completes"
+        assert loaded == (4,)
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(
+                sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(f"{schema}_demo"))
+            )

@@ -1,0 +1,260 @@
+"""The demo's story, in fast-forward: lanes take turns, newest first, retries continue from their
+cursor, the broken globex slice is deferred then abandoned at cursor 50, and a requeue heals it.
+
+The test plays the story once with a worker in a thread, then checks each promise from the
+database: synclane's jobs table, the handlers' record of every page (`runs`, on the database
+clock) and the shop's access log (`fetches`)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.rows import dict_row
+from workers import job_row, running_worker, wait_for
+
+from synclane.demo import OWNERS, Demo, build_demo
+from synclane.demo.shop import BROKEN_CURSOR, catalogue, orders_between
+
+SPEED = 0.05  # twenty times faster than `synclane demo`
+ACCOUNTS = [owner.id for owner in OWNERS]
+NEVER = datetime.max.replace(tzinfo=UTC)
+
+
+@pytest.fixture
+def demo(dsn: str, schema: str) -> Iterator[Demo]:
+    data_schema = f"{schema}_demo"
+    demo = build_demo(dsn, schema=schema, speed=SPEED, data_schema=data_schema, record_runs=True)
+    # The story is the first plan; a refresh period that begins mid-test must not add to it.
+    demo.app.plan_interval = timedelta(hours=1)
+    try:
+        yield demo
+    finally:
+        demo.close()
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(
+                sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(data_schema))
+            )
+
+
+@dataclass
+class Story:
+    demo: Demo
+    db: psycopg.Connection[Any]
+    planned: dict[int, dict[str, Any]] = field(default_factory=dict)  # the first plan, by id
+    broken: dict[str, Any] = field(default_factory=dict)  # globex's second-newest history slice
+    requeued_at: datetime = NEVER  # set just before the requeue
+
+    def rows(self, query: str, *params: Any) -> list[dict[str, Any]]:
+        """A query whose {jobs} is synclane's table and {runs}, {fetches}, {orders} and
+        {products} are the demo schema's tables."""
+        names = {t: sql.Identifier(self.demo.data_schema, t) for t in _DEMO_TABLES}
+        names["jobs"] = sql.Identifier(self.demo.app.schema, "jobs")
+        with self.db.cursor(row_factory=dict_row) as cur:
+            cur.execute(sql.SQL(query).format(**names), params)
+            return cur.fetchall() if cur.description is not None else []
+
+    def job(self, job_id: int) -> dict[str, Any]:
+        return job_row(self.db, self.demo.app.schema, job_id)
+
+    def runs(self) -> list[dict[str, Any]]:
+        return self.rows("SELECT * FROM {runs} ORDER BY started_at, id")
+
+    def first_runs(self) -> dict[int, datetime]:
+        first: dict[int, datetime] = {}
+        for run in self.runs():
+            first.setdefault(run["job_id"], run["started_at"])
+        return first
+
+
+_DEMO_TABLES = ("runs", "fetches", "faults", "orders", "products")
+
+
+def test_the_demo_story_plays_out_in_fast_forward(demo: Demo, db: psycopg.Connection[Any]) -> None:
+    app = demo.app
+    began = time.monotonic()
+    assert app.plan("shops") == {"shops": 24}  # per account: products, 4 slices, 1 refresh
+    story = Story(demo, db)
+    story.planned = {
+        row["id"]: row
+        for row in story.rows(
+            "SELECT id, owner, lane, type, mode, window_start, window_end FROM {jobs}"
+        )
+    }
+    globex_history = [
+        j
+        for j in story.planned.values()
+        if (j["owner"], j["type"], j["mode"]) == ("globex", "orders", "initial")
+    ]
+    story.broken = sorted(globex_history, key=lambda j: j["window_start"])[-2]
+
+    def settled() -> bool:
+        found = story.rows("SELECT status FROM {jobs} WHERE id = ANY(%s)", list(story.planned))
+        return all(r["status"] in ("completed", "abandoned") for r in found)
+
+    with running_worker(app):
+        wait_for(settled, 60, "every planned job to complete or be abandoned")
+        check_the_broken_slice_is_abandoned_at_cursor_50(story)
+        story.requeued_at = story.rows("SELECT clock_timestamp() AS now")[0]["now"]
+        assert app.requeue("shops", owner="globex") == 1
+        wait_for(
+            lambda: story.job(story.broken["id"])["status"] == "completed",
+            30,
+            "the requeued slice to complete",
+        )
+    seconds = time.monotonic() - began
+
+    check_a_lane_never_runs_two_pages_at_once(story)
+    check_the_acme_accounts_take_turns_in_their_lane(story)
+    check_each_account_loads_its_newest_window_first(story)
+    check_the_broken_slice_steps_aside_before_its_last_attempt(story)
+    check_the_requeued_slice_completes_from_cursor_50(story)
+    check_retries_continue_from_their_cursor(story)
+    check_the_loaded_rows_are_queryable(story)
+    assert seconds < 30, f"the story took {seconds:.1f} s"
+
+
+def check_the_broken_slice_is_abandoned_at_cursor_50(story: Story) -> None:
+    """Five attempts and the deferred one, all at the broken page; everything else completed."""
+    row = story.job(story.broken["id"])
+    assert row["status"] == "abandoned"
+    assert row["cursor"] == str(BROKEN_CURSOR)
+    assert row["attempt_count"] == 6
+    assert row["error"].startswith("ShopBrokenPage: globex orders ")
+    assert f"the page at cursor {BROKEN_CURSOR} is broken" in row["error"]
+    others = story.rows(
+        "SELECT status FROM {jobs} WHERE id = ANY(%s) AND id <> %s",
+        list(story.planned),
+        story.broken["id"],
+    )
+    assert {r["status"] for r in others} == {"completed"}
+
+
+def check_a_lane_never_runs_two_pages_at_once(story: Story) -> None:
+    """No two recorded pages of one lane overlap in time, though pages of different lanes did:
+    the worker had the slots to run a lane twice, and did not."""
+    runs = story.runs()
+    assert runs and all(r["ended_at"] is not None for r in runs)
+    overlapping = (
+        "SELECT a.lane, a.job_id AS first, b.job_id AS second FROM {runs} a JOIN {runs} b"
+        " ON a.id < b.id AND {pairs}"
+        " WHERE tstzrange(a.started_at, a.ended_at) && tstzrange(b.started_at, b.ended_at)"
+    )
+    assert story.rows(overlapping.replace("{pairs}", "a.lane = b.lane")) == []
+    assert story.rows(overlapping.replace("{pairs}", "a.lane <> b.lane")) != []
+    assert {r["owner"] for r in runs if r["lane"] == "acme"} == {"acme-us", "acme-eu"}
+
+
+def check_the_acme_accounts_take_turns_in_their_lane(story: Story) -> None:
+    """One account of a lane does not load all its history before the other starts: each one's
+    newest orders ran before the other's oldest history."""
+    first = story.first_runs()
+    starts: dict[str, list[datetime]] = {"acme-us": [], "acme-eu": []}
+    for job_id, job in story.planned.items():
+        if job["lane"] == "acme" and job["type"] == "orders":
+            starts[job["owner"]].append(first[job_id])
+    assert min(starts["acme-us"]) < max(starts["acme-eu"])
+    assert min(starts["acme-eu"]) < max(starts["acme-us"])
+
+
+def check_each_account_loads_its_newest_window_first(story: Story) -> None:
+    """Per account, orders jobs first ran in the order of their windows: the refresh, then the
+    history slices back to the horizon."""
+    first = story.first_runs()
+    for owner in ACCOUNTS:
+        jobs = [j for j in story.planned.values() if j["owner"] == owner and j["type"] == "orders"]
+        in_order = sorted(jobs, key=lambda j: first[j["id"]])
+        windows = [j["window_start"] for j in in_order]
+        assert windows == sorted(windows, reverse=True), owner
+        assert [j["mode"] for j in in_order] == ["recurring"] + ["initial"] * 4, owner
+
+
+def check_the_broken_slice_steps_aside_before_its_last_attempt(story: Story) -> None:
+    """Deferred after five attempts: its last attempt ran once the rest of globex was done."""
+    runs = story.runs()
+    broken = story.broken["id"]
+    attempts = [r for r in runs if r["job_id"] == broken and r["started_at"] < story.requeued_at]
+    assert [r["cursor"] for r in attempts] == ["0"] + [str(BROKEN_CURSOR)] * 6
+    assert [r["outcome"] for r in attempts] == ["ok"] + ["ShopBrokenPage"] * 6
+    rest_of_lane = [
+        r["ended_at"]
+        for r in runs
+        if r["lane"] == "globex" and r["job_id"] != broken and r["job_id"] in story.planned
+    ]
+    assert attempts[-1]["started_at"] > max(rest_of_lane)
+
+
+def check_the_requeued_slice_completes_from_cursor_50(story: Story) -> None:
+    """After the requeue the shop was asked for cursor 50 and on, never for a page before it;
+    the slice loaded every order of its window."""
+    fetched = story.rows(
+        "SELECT cursor, outcome, fetched_at FROM {fetches} WHERE owner = 'globex'"
+        " AND resource = 'orders' AND window_start = %s AND window_end = %s ORDER BY id",
+        story.broken["window_start"],
+        story.broken["window_end"],
+    )
+    after = [f for f in fetched if f["fetched_at"] > story.requeued_at]
+    assert after and after[0]["cursor"] == str(BROKEN_CURSOR)
+    assert all(int(f["cursor"]) >= BROKEN_CURSOR for f in after)
+    assert [f["cursor"] for f in fetched if f["outcome"] == "ok"].count("0") == 1
+    row = story.job(story.broken["id"])
+    assert row["status"] == "completed" and row["error"] is None
+    expected = orders_between("globex", row["window_start"], row["window_end"])
+    assert len(expected) > 2 * BROKEN_CURSOR  # the broken page is a middle page
+    assert row["processed_count"] == len(expected)
+
+
+def check_retries_continue_from_their_cursor(story: Story) -> None:
+    """Throttled and failed pages were asked for again, but no page of any window was answered
+    twice: every retry started at its job's saved cursor."""
+    twice = story.rows(
+        "SELECT owner, resource, window_start, cursor, count(*) FROM {fetches}"
+        " WHERE outcome = 'ok'"
+        " GROUP BY owner, resource, window_start, window_end, cursor HAVING count(*) > 1"
+    )
+    assert twice == []
+
+
+def check_the_loaded_rows_are_queryable(story: Story) -> None:
+    """Every order of every history slice and every product is in the demo schema."""
+    for job_id, job in story.planned.items():
+        if job["mode"] != "initial" or job["type"] != "orders":
+            continue
+        row = story.job(job_id)
+        loaded = story.rows(
+            "SELECT count(*) AS n FROM {orders}"
+            " WHERE owner = %s AND placed_at >= %s AND placed_at < %s",
+            job["owner"],
+            row["window_start"],
+            row["window_end"],
+        )
+        expected = orders_between(job["owner"], row["window_start"], row["window_end"])
+        assert loaded[0]["n"] == len(expected) == row["processed_count"]
+    products = story.rows("SELECT owner, count(*) AS n FROM {products} GROUP BY owner")
+    assert {r["owner"]: r["n"] for r in products} == {o: len(catalogue(o)) for o in ACCOUNTS}
+    revenue = story.rows(
+        "SELECT owner, count(*) AS orders, sum(amount) AS revenue FROM {orders}"
+        " GROUP BY owner ORDER BY owner"
+    )
+    assert [r["owner"] for r in revenue] == sorted(ACCOUNTS)
+    assert all(r["orders"] > 0 and r["revenue"] > 0 for r in revenue)
+
+
+def test_a_reset_lets_the_story_play_again(demo: Demo, db: psycopg.Connection[Any]) -> None:
+    """The embedded database outlives a demo run; reset() forgets the queue's jobs, the loaded
+    rows and the shop's memory (its healed fault too), and the next plan starts the story."""
+    story = Story(demo, db)
+    assert demo.app.plan("shops") == {"shops": 24}
+    demo.warehouse.upsert_products("globex", catalogue("globex")[:3])
+    story.rows("INSERT INTO {faults} (fault, failures, heals_after) VALUES ('globex orders', 6, 6)")
+    demo.reset()
+    assert story.rows("SELECT count(*) AS n FROM {jobs}") == [{"n": 0}]
+    assert story.rows("SELECT count(*) AS n FROM {products}") == [{"n": 0}]
+    assert story.rows("SELECT count(*) AS n FROM {faults}") == [{"n": 0}]
+    assert demo.app.plan("shops") == {"shops": 24}
