@@ -8,7 +8,6 @@ from datetime import datetime, timedelta
 from typing import Literal
 
 STATUSES = ("pending", "running", "completed", "failed", "deferred", "abandoned", "cancelled")
-OPEN_STATUSES = ("pending", "running", "failed", "deferred")
 MODES = ("initial", "recurring", "manual")
 Mode = Literal["initial", "recurring", "manual"]
 
