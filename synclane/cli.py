@@ -7,7 +7,6 @@ stderr and exits with status 2; it never shows a traceback.
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import os
 import sys
@@ -18,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
+from synclane import loading
 from synclane.app import DatabaseUnavailable, SyncLane, redact
 from synclane.model import STATUSES, ConfigError
 from synclane.store import SchemaError
@@ -33,33 +33,14 @@ class UsageError(Exception):
 
 
 def load_app(path: str | None, dsn: str | None) -> SyncLane:
-    """Import `package.module:attribute`. --dsn reaches apps built with SyncLane(None) (or
-    SyncLane() ) through $SYNCLANE_DSN."""
-    if dsn:
-        os.environ["SYNCLANE_DSN"] = dsn
+    """The app named by --app (or $SYNCLANE_APP); --dsn reaches apps built with SyncLane(None)
+    through $SYNCLANE_DSN."""
     if not path:
         raise UsageError(
             "no app: pass --app package.module:app or set SYNCLANE_APP "
             "(the demo's is synclane.demo.app:app)"
         )
-    module_name, _, attribute = path.partition(":")
-    if not module_name or not attribute:
-        raise UsageError(f"--app {path!r} must look like package.module:app")
-    sys.path.insert(0, os.getcwd())
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as error:
-        raise UsageError(f"cannot import the app {path!r}: {error}") from None
-    app = getattr(module, attribute, None)
-    if not isinstance(app, SyncLane):
-        found = "nothing" if app is None else type(app).__name__
-        raise UsageError(f"--app {path!r} names {found}, not a SyncLane")
-    if dsn and app.dsn != dsn:
-        raise UsageError(
-            f"the app {path!r} connects to its own DSN, so --dsn cannot apply; build it with "
-            "SyncLane(None) to take the DSN from --dsn or SYNCLANE_DSN"
-        )
-    return app
+    return loading.load_app(path, dsn or None)
 
 
 def _bare_app(dsn: str | None, schema: str) -> SyncLane:
@@ -316,20 +297,18 @@ def cmd_demo(args: argparse.Namespace) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> None:
+    path: str | None = args.app or os.environ.get("SYNCLANE_APP")
+    if not path:
+        raise UsageError("no app: pass --app package.module:app or set SYNCLANE_APP")
     try:
-        importlib.import_module("prefect")
+        from synclane.prefect.serve import serve
     except ImportError:
         raise UsageError(
             "`synclane serve` runs Prefect deployments: install the extra with "
             "pip install 'synclane[prefect]'"
         ) from None
-    try:
-        serve_module = importlib.import_module("synclane.prefect")
-    except ImportError:
-        raise UsageError(
-            "this synclane has no Prefect integration yet (synclane.prefect)"
-        ) from None
-    serve_module.serve(_app(args))
+    print(f"serving the Prefect deployments of {path} (Ctrl-C stops them)", flush=True)
+    serve(path, dsn=args.dsn or None, work_budget_seconds=args.work_budget)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -416,7 +395,10 @@ def parser() -> argparse.ArgumentParser:
     page.add_argument("--allow-remote", action="store_true", help="allow a non-loopback host")
     page.add_argument("--trust-proxy", action="store_true", help="accept forwarding headers")
 
-    command("serve", cmd_serve, "serve the app's Prefect deployments (synclane[prefect])")
+    serve = command("serve", cmd_serve, "serve the app's Prefect deployments (synclane[prefect])")
+    serve.add_argument(
+        "--work-budget", type=int, default=540, help="seconds each `work` run works (default 540)"
+    )
     return main
 
 

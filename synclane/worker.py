@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import dataclasses
 import inspect
 import logging
@@ -571,16 +572,25 @@ def _start_page(handler: Callable[[Job], Any], job: Job) -> asyncio.Future[Any]:
         if not future.done():
             outcome()
 
+    def post(outcome: Callable[[], None]) -> None:
+        # A page abandoned on stop may finish after the loop closed: nobody waits for it then.
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(deliver, outcome)
+
     def target() -> None:
         try:
             result = handler(job)
         except BaseException as error:  # the slot turns it into a job error
             failure = error if isinstance(error, Exception) else _Escaped(error)
-            loop.call_soon_threadsafe(deliver, lambda: future.set_exception(failure))
+            post(lambda: future.set_exception(failure))
         else:
-            loop.call_soon_threadsafe(deliver, lambda: future.set_result(result))
+            post(lambda: future.set_result(result))
 
-    thread = threading.Thread(target=target, name=f"synclane-job-{job.id}", daemon=True)
+    # The handler sees the caller's context variables (a Prefect run's logger, tracing ids).
+    context = contextvars.copy_context()
+    thread = threading.Thread(
+        target=context.run, args=(target,), name=f"synclane-job-{job.id}", daemon=True
+    )
     thread.start()
     return future
 

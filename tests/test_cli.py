@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -113,10 +112,17 @@ def test_an_unreachable_database_is_one_line_without_the_password() -> None:
     assert "s3cret" not in done.stderr and "Traceback" not in done.stderr
 
 
-def test_serve_without_prefect_says_how_to_install_it(run: Run) -> None:
-    assert importlib.util.find_spec("prefect") is None, "the dev extras do not install Prefect"
+def test_serve_without_prefect_says_how_to_install_it(
+    run: Run, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "synclane.prefect.serve", None)  # as if not installed
     code, _, err = run("serve")
     assert code == 2 and "pip install 'synclane[prefect]'" in err
+
+
+def test_serve_without_an_app_is_one_line(run: Run) -> None:
+    code, _, err = run("serve", app=False)
+    assert code == 2 and err.startswith("synclane: error: no app")
 
 
 def test_the_demo_command_plays_its_story_and_serves_its_page(dsn: str, schema: str) -> None:

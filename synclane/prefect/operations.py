@@ -1,0 +1,229 @@
+"""What the Prefect flows do, as plain functions: no Prefect import here, so each is tested
+against PostgreSQL without a Prefect server.
+
+The flows in `synclane.prefect.flows` only resolve the app, call these, and publish the result
+as logs and artifacts.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import json
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from synclane.app import SyncLane
+from synclane.loading import load_app, split_app_path
+from synclane.model import ConfigError, WindowedType
+
+__all__ = ["load_app", "split_app_path"]  # re-exported: the flows and the block load apps here
+
+if TYPE_CHECKING:
+    from synclane.worker import Worker
+
+log = logging.getLogger("synclane")
+
+Row = dict[str, Any]
+
+# -- the app -------------------------------------------------------------------------------
+
+
+# -- reports -------------------------------------------------------------------------------
+
+
+def progress_rows(
+    app: SyncLane,
+    queue: str,
+    *,
+    owners: Sequence[str] | None = None,
+    type: str | None = None,
+) -> list[Row]:
+    """`app.progress(queue)` as JSON-safe rows (one per owner and type; timestamps in ISO 8601,
+    missing values as None), ready for a table artifact."""
+    frame = app.progress(queue)
+    if owners is not None:
+        frame = frame[frame["owner"].isin(list(owners))]
+    if type is not None:
+        frame = frame[frame["type"] == type]
+    frame.insert(0, "queue", queue)
+    rows: list[Row] = json.loads(frame.to_json(orient="records", date_format="iso"))
+    return rows
+
+
+def slices(rows: Sequence[Row]) -> tuple[int, int]:
+    """(loaded, total) history slices in these progress rows."""
+    total = sum(int(row.get("slices_total") or 0) for row in rows)
+    done = sum(int(row.get("slices_completed") or 0) for row in rows)
+    return done, total
+
+
+def loaded_percent(rows: Sequence[Row]) -> float:
+    """How much of the history in these progress rows is loaded, 0 to 100 (100 when there is
+    none to load)."""
+    done, total = slices(rows)
+    return 100.0 if total == 0 else round(100.0 * done / total, 1)
+
+
+def plan_summary(added: dict[str, int], progress: dict[str, list[Row]]) -> str:
+    """A markdown summary of a planning run: per queue, what was added and how far history is."""
+    lines = [
+        "# synclane plan",
+        "",
+        "| queue | jobs added | owners | history slices loaded | loaded |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
+    for queue, count in added.items():
+        rows = progress.get(queue, [])
+        owners = len({row["owner"] for row in rows})
+        done, total = slices(rows)
+        lines.append(
+            f"| {queue} | {count} | {owners} | {done} / {total} | {loaded_percent(rows):.1f} % |"
+        )
+    failing = [
+        row for rows in progress.values() for row in rows if int(row.get("slices_failed") or 0)
+    ]
+    if failing:
+        lines += ["", "Failing history slices (see `app.failures()` or the requeue flow):", ""]
+        lines += [
+            f"- {row['queue']} · {row['owner']} · {row['type']}: {row['slices_failed']}"
+            for row in failing
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def artifact_key(*parts: str) -> str:
+    """A Prefect artifact key (lowercase letters, digits and dashes) made of these parts."""
+    text = "-".join(parts).lower()
+    return re.sub(r"-{2,}", "-", re.sub(r"[^a-z0-9-]", "-", text)).strip("-") or "synclane"
+
+
+# -- working -------------------------------------------------------------------------------
+
+
+def run_worker_until_stopped(
+    worker: Worker, *, poll_seconds: float = 0.5, stop_timeout: float = 60.0
+) -> dict[str, int]:
+    """Run `worker` in a thread of its own and wait for its report.
+
+    Whatever interrupts the waiting thread (Prefect's `TerminationSignal` when a run is
+    cancelled, a `KeyboardInterrupt`) stops the worker through `Worker.stop()`, the same path
+    as SIGTERM or the time budget: each running job goes back to `pending` with its last saved
+    cursor. The waiting thread waits up to `stop_timeout` for that hand-back, then re-raises.
+    The worker thread runs in a copy of the caller's context, so that log lines of the
+    `synclane` logger are attributed to the caller's Prefect flow run."""
+    context = contextvars.copy_context()
+    outcome: dict[str, Any] = {}
+    # Waiting on an Event, not Thread.join: a join interrupted by an exception can mark a
+    # running thread as stopped (CPython 3.11), and then is_alive() lies.
+    finished = threading.Event()
+
+    def target() -> None:
+        try:
+            outcome["report"] = context.run(worker.run)
+        except BaseException as error:
+            outcome["error"] = error
+        finally:
+            finished.set()
+
+    threading.Thread(target=target, name="synclane-worker", daemon=True).start()
+    try:
+        while not finished.wait(poll_seconds):
+            pass
+    except BaseException as interruption:
+        log.warning(
+            "worker %s interrupted (%s): handing its jobs back",
+            worker.app.worker_name,
+            type(interruption).__name__,
+        )
+        worker.stop()
+        if not _wait_within(finished, stop_timeout, poll_seconds):
+            log.error(
+                "worker %s did not hand its jobs back within %.0f s; their leases will expire",
+                worker.app.worker_name,
+                stop_timeout,
+            )
+        raise
+    if "error" in outcome:
+        raise outcome["error"]
+    report: dict[str, int] = outcome["report"]
+    return report
+
+
+def _wait_within(finished: threading.Event, timeout: float, poll_seconds: float) -> bool:
+    """Wait for the worker, riding out further interruptions (a runner repeats its SIGTERM)
+    until the deadline: the hand-back under way matters more than a second signal."""
+    deadline = time.monotonic() + timeout
+    while not finished.is_set():
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return False
+        try:
+            finished.wait(min(poll_seconds, remaining))
+        except BaseException:
+            continue
+    return True
+
+
+# -- backfill ------------------------------------------------------------------------------
+
+
+def widen_history(
+    app: SyncLane,
+    queue: str,
+    type: str,
+    horizon: timedelta | float,
+    owners: Sequence[str] | None = None,
+) -> int:
+    """Plan the older history slices of a windowed type back to `horizon`, for every connected
+    owner or only `owners`. Existing slices never move; only missing older ones are added.
+    Returns how many jobs were added."""
+    job_type = app.get_queue(queue).job_type(type)
+    if not isinstance(job_type, WindowedType):
+        raise ConfigError(
+            f"{queue}.{type} is a snapshot type: it has no history to widen; a backfill needs a "
+            "windowed type"
+        )
+    if owners is None:
+        return app.plan(queue, horizon=horizon, type=type)[queue]
+    connected = {owner.id for owner in app.connected_owners(queue)}
+    unknown = [owner for owner in owners if owner not in connected]
+    if unknown:
+        known = ", ".join(sorted(connected)[:10]) or "none"
+        raise ConfigError(
+            f"owner(s) {', '.join(map(repr, unknown))} are not connected in queue {queue!r} "
+            f"(connected: {known}); the planner only plans connected owners"
+        )
+    added = 0
+    for owner in owners:
+        added += app.plan(queue, owner, horizon=horizon, type=type)[queue]
+    return added
+
+
+def watch_history(
+    app: SyncLane,
+    queue: str,
+    type: str,
+    owners: Sequence[str] | None,
+    *,
+    budget_seconds: float,
+    poll_seconds: float,
+    report: Callable[[float, list[Row]], None],
+    sleep: Callable[[float], None] = time.sleep,
+) -> list[Row]:
+    """Report how far the history of `type` is loaded (for `owners`, or all) every
+    `poll_seconds`, until it is fully loaded or `budget_seconds` have passed. Returns the last
+    progress rows. Workers do the loading; this only looks."""
+    deadline = time.monotonic() + budget_seconds
+    while True:
+        rows = progress_rows(app, queue, owners=owners, type=type)
+        report(loaded_percent(rows), rows)
+        done, total = slices(rows)
+        remaining = deadline - time.monotonic()
+        if done == total or remaining <= 0:
+            return rows
+        sleep(min(poll_seconds, remaining))

@@ -1,0 +1,61 @@
+"""The app the Prefect tests load by path (`prefect_app:app`), as a block or a deployment does.
+
+It is built with SyncLane(None, ...): its DSN comes from $SYNCLANE_DSN (which the block sets),
+its schema from $SYNCLANE_PREFECT_TEST_SCHEMA. `build` makes the same app on a given database
+for the tests that need no Prefect.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from datetime import timedelta
+
+from synclane import Job, Owner, Page, SyncLane
+
+# The `slow` queue's second page waits here, so a test can stop a worker mid-page.
+PAGE_IN_FLIGHT = threading.Event()
+RELEASE = threading.Event()
+
+
+def build(dsn: str | None, schema: str) -> SyncLane:
+    lane = SyncLane(dsn, schema=schema, poll_interval=0.05, plan_interval=3600)
+    shops = lane.queue("shops", concurrency=2, retry_base_delay=3600)
+
+    @shops.owners
+    def connected(queue: str) -> list[Owner]:
+        return [Owner("acme-us", lane="acme"), Owner("acme-eu", lane="acme"), Owner("globex")]
+
+    @shops.windowed(
+        "orders", horizon=timedelta(days=60), slice=timedelta(days=30), every=timedelta(minutes=15)
+    )
+    def orders(job: Job) -> Page:
+        if job.owner == "globex" and job.mode == "initial":
+            raise LookupError(f"order {job.id} not found")
+        if job.cursor is None:
+            return Page("2", 5)  # two pages of five records
+        return Page(None, 5)
+
+    @shops.snapshot("products", every=timedelta(days=1))
+    def products(job: Job) -> Page:
+        return Page(None, 3)
+
+    slow = lane.queue("slow", lease_duration=30)
+
+    @slow.owners
+    def initech(queue: str) -> list[Owner]:
+        return [Owner("initech")]
+
+    @slow.snapshot("catalog", every=timedelta(days=1))
+    def catalog(job: Job) -> Page:
+        if job.cursor is None:
+            return Page("page-2", 10)
+        PAGE_IN_FLIGHT.set()
+        RELEASE.wait(60)
+        return Page(None, 1)
+
+    return lane
+
+
+_schema = os.environ.get("SYNCLANE_PREFECT_TEST_SCHEMA")
+app = build(None, _schema) if _schema else None
