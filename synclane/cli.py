@@ -240,21 +240,14 @@ def cmd_cancel(args: argparse.Namespace) -> None:
 def cmd_dashboard(args: argparse.Namespace) -> None:
     from synclane import dashboard
 
-    app = _app(args)
-    server = dashboard.make_server(
-        app,
+    dashboard.serve(
+        _app(args),
         host=args.host,
         port=args.port,
         allow_remote=args.allow_remote,
         trust_proxy=args.trust_proxy,
+        on_ready=lambda url: print(f"synclane dashboard on {url} (Ctrl-C stops it)", flush=True),
     )
-    print(f"synclane dashboard on {server.url} (Ctrl-C stops it)", flush=True)
-    try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.server_close()
 
 
 def cmd_demo(args: argparse.Namespace) -> None:

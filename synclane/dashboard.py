@@ -261,10 +261,14 @@ def serve(
     port: int = 8080,
     allow_remote: bool = False,
     trust_proxy: bool = False,
+    on_ready: Callable[[str], None] | None = None,
 ) -> None:
-    """Serve the page of `app` until Ctrl-C (KeyboardInterrupt), then close the server."""
+    """Serve the page of `app` until Ctrl-C (KeyboardInterrupt), then close the server.
+    `on_ready` receives the page's URL once it listens."""
     server = make_server(app, host, port, allow_remote=allow_remote, trust_proxy=trust_proxy)
     log.info("dashboard on %s", server.url)
+    if on_ready is not None:
+        on_ready(server.url)
     try:
         server.serve_forever()
     except KeyboardInterrupt:

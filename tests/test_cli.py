@@ -169,3 +169,43 @@ def test_the_demo_command_plays_its_story_and_serves_its_page(dsn: str, schema: 
             conn.execute(
                 sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(f"{schema}_demo"))
             )
+
+
+def test_the_dashboard_command_serves_the_page_until_interrupted(dsn: str, schema: str) -> None:
+    import json
+    import signal
+    import urllib.request
+
+    env = {**os.environ, "SYNCLANE_CLI_TEST_SCHEMA": schema, "PYTHONPATH": str(HERE)}
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "synclane.cli",
+            "--dsn",
+            dsn,
+            "dashboard",
+            "--app",
+            "cli_app:app",
+            "--port",
+            "0",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        assert line.startswith("synclane dashboard on http://127.0.0.1:"), line
+        url = line.split()[3]
+        with urllib.request.urlopen(url + "api/state", timeout=10) as answer:
+            assert answer.status == 200
+            assert "shops" in json.dumps(json.load(answer))
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=15) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.communicate(timeout=10)
