@@ -19,7 +19,6 @@ import psycopg
 
 from synclane import planning
 from synclane.model import (
-    STATUSES,
     ConfigError,
     Job,
     JobType,
@@ -60,9 +59,14 @@ def redact(dsn: str) -> str:
             host = parts.hostname or ""
             if parts.port:
                 host += f":{parts.port}"
-            netloc = f"{parts.username or ''}:***@{host}"
-            return urlunsplit(parts._replace(netloc=netloc))
-        return dsn
+            parts = parts._replace(netloc=f"{parts.username or ''}:***@{host}")
+        if "password=" in parts.query.lower():
+            query = "&".join(
+                "password=***" if item.lower().startswith("password=") else item
+                for item in parts.query.split("&")
+            )
+            parts = parts._replace(query=query)
+        return urlunsplit(parts)
     # key=value form
     words = [("password=***" if w.lower().startswith("password=") else w) for w in dsn.split()]
     return " ".join(words)
@@ -513,6 +517,9 @@ class SyncLane:
             )
         return len(cancelled)
 
+    # -- the notebook SDK (synclane.sdk; columns in docs/sdk.md) -------------------------------
+    # `since` and `until` take an aware datetime, or a timedelta meaning that long before now.
+
     def jobs(
         self,
         queue: str | None = None,
@@ -520,63 +527,125 @@ class SyncLane:
         status: str | Sequence[str] | None = None,
         type: str | None = None,
         limit: int = 1000,
+        *,
+        lane: str | None = None,
+        ids: Sequence[int] | None = None,
+        since: datetime | timedelta | None = None,
+        until: datetime | timedelta | None = None,
+        full_errors: bool = False,
     ) -> pd.DataFrame:
-        """Jobs as a DataFrame, newest first."""
-        from synclane import frames
+        """Jobs as a DataFrame, newest first; `since`/`until` bound `created_at`. Errors are cut
+        to their first line unless `full_errors`."""
+        from synclane import sdk
 
-        if queue is not None:
-            self.get_queue(queue)
-        statuses = (
-            None if status is None else ([status] if isinstance(status, str) else list(status))
+        return sdk.jobs(
+            self,
+            queue,
+            owner,
+            status,
+            type,
+            limit,
+            lane=lane,
+            ids=ids,
+            since=since,
+            until=until,
+            full_errors=full_errors,
         )
-        for value in statuses or ():
-            if value not in STATUSES:
-                raise ConfigError(f"unknown status {value!r}; use one of {', '.join(STATUSES)}")
-        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
-            raise ConfigError(f"limit={limit!r} must be a whole number >= 1")
-        params = {
-            "queue": queue,
-            "owner": owner,
-            "type": type,
-            "statuses": statuses,
-            "limit": limit,
-        }
-        with self.connection() as conn:
-            columns, rows = self.store.rows(conn, "list_jobs", params)
-        return frames.jobs_frame(columns, rows)
 
-    def progress(self, queue: str, owner: str | None = None) -> pd.DataFrame:
-        """One row per owner and type: how far the first load is."""
-        from synclane import frames
+    def progress(
+        self,
+        queue: str,
+        owner: str | None = None,
+        type: str | None = None,
+        *,
+        state: str | Sequence[str] | None = None,
+        recent: timedelta | float = timedelta(hours=1),
+    ) -> pd.DataFrame:
+        """One row per owner and type: how far the first load is, its state and an ETA from the
+        slices completed in the last `recent`."""
+        from synclane import sdk
 
-        q = self.get_queue(queue)
-        with self.connection() as conn:
-            columns, rows = self.store.rows(conn, "progress", {"queue": q.name, "owner": owner})
-        return frames.progress_frame(columns, rows)
+        return sdk.progress(self, queue, owner, type, state=state, recent=recent)
 
     def failures(
-        self, queue: str | None = None, owner: str | None = None, type: str | None = None
+        self,
+        queue: str | None = None,
+        owner: str | None = None,
+        type: str | None = None,
+        *,
+        status: str | Sequence[str] | None = None,
+        since: datetime | timedelta | None = None,
+        until: datetime | timedelta | None = None,
+        full_errors: bool = False,
     ) -> pd.DataFrame:
         """Open failures (failed, deferred, abandoned) grouped by cause: the error's first line
         with numbers, hex strings and UUIDs masked. `requeue(queue, cause=...)` takes a cause."""
-        from synclane import frames
+        from synclane import sdk
 
-        if queue is not None:
-            self.get_queue(queue)
-        params = {"queue": queue, "owner": owner, "type": type}
-        with self.connection() as conn:
-            columns, rows = self.store.rows(conn, "failures", params)
-        return frames.typed_frame(columns, rows)
+        return sdk.failures(
+            self,
+            queue,
+            owner,
+            type,
+            status=status,
+            since=since,
+            until=until,
+            full_errors=full_errors,
+        )
 
-    def lanes(self, queue: str | None = None) -> pd.DataFrame:
+    def depth(
+        self,
+        queue: str | None = None,
+        owner: str | None = None,
+        type: str | None = None,
+        *,
+        status: str | Sequence[str] | None = None,
+    ) -> pd.DataFrame:
+        """Open jobs counted by queue, lane and status."""
+        from synclane import sdk
+
+        return sdk.depth(self, queue, owner, type, status=status)
+
+    def lanes(self, queue: str | None = None, *, lane: str | None = None) -> pd.DataFrame:
         """One row per lane with open jobs: what runs there now, who holds it, since when."""
-        from synclane import frames
+        from synclane import sdk
 
-        if queue is not None:
-            self.get_queue(queue)
-        with self.connection() as conn:
-            columns, rows = self.store.rows(conn, "lanes", {"queue": queue})
-        return frames.typed_frame(columns, rows)
+        return sdk.lanes(self, queue, lane=lane)
+
+    def coverage(
+        self,
+        queue: str,
+        owner: str | None = None,
+        type: str | None = None,
+        *,
+        status: str | Sequence[str] | None = None,
+        since: datetime | timedelta | None = None,
+        until: datetime | timedelta | None = None,
+    ) -> pd.DataFrame:
+        """The windows of each owner and type as spans with a status, ready for a timeline
+        (synclane.plots.coverage_timeline)."""
+        from synclane import sdk
+
+        return sdk.coverage(self, queue, owner, type, status=status, since=since, until=until)
+
+    def throughput(
+        self,
+        queue: str | None = None,
+        owner: str | None = None,
+        type: str | None = None,
+        *,
+        since: datetime | timedelta | None = None,
+        until: datetime | timedelta | None = None,
+        every: timedelta | float = timedelta(minutes=1),
+        by: str | None = None,
+    ) -> pd.DataFrame:
+        """Records and completed jobs per period (a minute by default) over the last hour, or
+        `since`..`until`; `by` splits them per queue, owner, lane or type."""
+        from synclane import sdk
+
+        return sdk.throughput(
+            self, queue, owner, type, since=since, until=until, every=every, by=by
+        )
 
     def open_jobs(self, queues: Sequence[str] | None = None) -> int:
         """How many jobs of these queues (default: all declared) have not finished."""

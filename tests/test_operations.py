@@ -461,3 +461,21 @@ def test_operations_on_an_unknown_queue_or_type_are_config_errors(shops):
     for call in calls:
         with pytest.raises(ConfigError, match=re.escape("'nope'")):
             call()
+
+
+@pytest.mark.parametrize(
+    ("dsn_text", "shown"),
+    [
+        ("postgresql://u:s3cret@h:5432/db", "postgresql://u:***@h:5432/db"),
+        (
+            "postgresql://h/db?sslmode=require&password=s3cret",
+            "postgresql://h/db?sslmode=require&password=***",
+        ),
+        ("host=h password=s3cret dbname=db", "host=h password=*** dbname=db"),
+        ("postgresql://u@h/db", "postgresql://u@h/db"),
+    ],
+)
+def test_redact_hides_every_form_of_password(dsn_text: str, shown: str) -> None:
+    from synclane.app import redact
+
+    assert redact(dsn_text) == shown
