@@ -15,7 +15,7 @@ from pathlib import Path
 
 import psycopg
 
-from bench import plan, take, throughput
+from bench import footprint, plan, take, throughput
 from bench.common import bench_dsn
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "performance.md"
@@ -47,14 +47,16 @@ def main() -> None:
     if args.smoke:
         sections = [
             ("Planning", plan.main(owners=50, history=2_000)),
-            ("Taking a job", take.main(rounds=5, sizes=(0, 2_000))),
+            ("Taking a job", take.main(5, (0, 2_000), backlog_lanes=50, backlog_per_lane=10)),
             ("Throughput", throughput.main(jobs=200, rounds=1, pgbench_seconds=2)),
+            ("Worker footprint", footprint.main()),
         ]
     else:
         sections = [
             ("Planning (`python -m bench.plan`)", plan.main()),
             ("Taking a job (`python -m bench.take`)", take.main()),
             ("Throughput (`python -m bench.throughput`)", throughput.main()),
+            ("Worker footprint (`python -m bench.footprint`)", footprint.main()),
         ]
     for title, figures in sections:
         lines += [f"### {title}", "", "```", *figures, "```", ""]

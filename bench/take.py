@@ -98,7 +98,12 @@ WHERE lane = %(free)s
 """
 
 
-def main(rounds: int = 200, sizes: tuple[int, ...] = (0, 100_000, 1_000_000)) -> list[str]:
+def main(
+    rounds: int = 200,
+    sizes: tuple[int, ...] = (0, 100_000, 1_000_000),
+    backlog_lanes: int = 1000,
+    backlog_per_lane: int = 100,
+) -> list[str]:
     dsn = bench_dsn()
     lines = []
     small = (PENDING, {"lanes": 50, "per_lane": 20})
@@ -106,10 +111,11 @@ def main(rounds: int = 200, sizes: tuple[int, ...] = (0, 100_000, 1_000_000)) ->
         arrange = [small] + ([(FINISHED, {"rows": rows})] if rows else [])
         label = "empty" if not rows else f"{rows:,} finished"
         lines.append(scenario(dsn, label, rounds, arrange))
-    backlog = (PENDING, {"lanes": 1000, "per_lane": 100})
-    busy = (BUSY, {"free": "lane-500"})
+    backlog = (PENDING, {"lanes": backlog_lanes, "per_lane": backlog_per_lane})
+    free = f"lane-{backlog_lanes // 2}"
+    busy = (BUSY, {"free": free})
     lines.append(scenario(dsn, "blocked backlog", rounds, [backlog, busy]))
-    oldest = (OLDEST, {"free": "lane-500"})
+    oldest = (OLDEST, {"free": free})
     lines.append(scenario(dsn, "blocked, worst order", rounds, [backlog, oldest, busy]))
     return lines
 
