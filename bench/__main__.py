@@ -15,7 +15,7 @@ from pathlib import Path
 
 import psycopg
 
-from bench import footprint, plan, take, throughput
+from bench import footprint, plan, sdk, take, throughput
 from bench.common import bench_dsn
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "performance.md"
@@ -50,6 +50,7 @@ def main() -> None:
             ("Taking a job", take.main(5, (0, 2_000), backlog_lanes=50, backlog_per_lane=10)),
             ("Throughput", throughput.main(jobs=200, rounds=1, pgbench_seconds=2)),
             ("Worker footprint", footprint.main()),
+            ("Notebook SDK", sdk.main(20_000, 2)),
         ]
     else:
         sections = [
@@ -57,6 +58,7 @@ def main() -> None:
             ("Taking a job (`python -m bench.take`)", take.main()),
             ("Throughput (`python -m bench.throughput`)", throughput.main()),
             ("Worker footprint (`python -m bench.footprint`)", footprint.main()),
+            ("Notebook SDK (`python -m bench.sdk`)", sdk.main()),
         ]
     for title, figures in sections:
         lines += [f"### {title}", "", "```", *figures, "```", ""]

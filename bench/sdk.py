@@ -1,6 +1,6 @@
 """How long the notebook SDK's calls take over a table of 1,000,000 jobs.
 
-    python -m bench.sdk [--rows 1000000] [--rounds 20] [--shape steady|backfill|both]
+    python -m bench.sdk [--rows 1000000] [--rounds 20] [--shape steady|backfill|both] [--smoke]
 
 Each call is timed end to end (the statement and the DataFrame), as `app.progress("shops")`
 etc. are called from a notebook. Two tables of `--rows` jobs:
@@ -12,8 +12,9 @@ etc. are called from a notebook. Two tables of `--rows` jobs:
 - backfill: 10,000 owners each loading 100 history slices (every row is history): the worst
   case for `progress()`, which reads history slices only.
 
-The SDK's statements read only what they need through the table's own indexes; no index is
-added for them (the figures say whether one would be worth its writes).
+`progress()` reads the history slices only, `failures()` the stopped jobs only, `depth()` and
+`lanes()` the open jobs only; none of them needs an index of its own (the table's indexes are
+the ones docs/schema.sql ships). `--smoke` (20,000 rows, two rounds) checks that it runs.
 """
 
 from __future__ import annotations
@@ -195,5 +196,10 @@ if __name__ == "__main__":
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--shape", choices=["steady", "backfill", "both"], default="both")
+    parser.add_argument("--smoke", action="store_true", help="20,000 rows, two rounds")
     args = parser.parse_args()
-    main(args.rows, args.rounds, ("steady", "backfill") if args.shape == "both" else (args.shape,))
+    shapes = ("steady", "backfill") if args.shape == "both" else (args.shape,)
+    if args.smoke:
+        main(20_000, 2, shapes)
+    else:
+        main(args.rows, args.rounds, shapes)

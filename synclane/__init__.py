@@ -4,7 +4,7 @@ Every sync job is one row in a PostgreSQL table you own: its window, its cursor,
 its error. `import synclane` imports neither pandas nor Prefect.
 """
 
-from synclane.app import DatabaseUnavailable, Queue, SyncLane
+from synclane.app import DatabaseUnavailable, OwnerSourceError, Queue, SyncLane
 from synclane.model import Abandon, ConfigError, Job, Owner, Page, Throttled
 from synclane.store import SchemaError
 
@@ -14,6 +14,7 @@ __all__ = [
     "DatabaseUnavailable",
     "Job",
     "Owner",
+    "OwnerSourceError",
     "Page",
     "Queue",
     "SchemaError",

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import inspect
 import logging
 import os
+import re
 import socket
 import threading
 import weakref
@@ -16,6 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from synclane import planning
 from synclane.model import (
@@ -29,7 +33,9 @@ from synclane.model import (
     WindowedType,
     check_aware,
     check_name,
+    check_slices,
     to_duration,
+    unstorable,
 )
 from synclane.store import Store
 
@@ -51,25 +57,76 @@ class DatabaseUnavailable(ConnectionError):
     """PostgreSQL could not be reached. The message never contains the password."""
 
 
+class OwnerSourceError(RuntimeError):
+    """A queue's owner source raised, did not answer within `owners_timeout`, or returned
+    something that is not a list of owners. The queue was not planned; `added` holds what the
+    other queues of the same `plan()` call added."""
+
+    def __init__(self, message: str, added: dict[str, int] | None = None) -> None:
+        super().__init__(message)
+        self.added = added or {}
+
+
+# libpq parameters whose values are secrets
+_SECRETS = ("password", "sslpassword")
+_KEY_VALUE_SECRET = re.compile(r"\b(password|sslpassword)\s*=\s*('(?:[^'\\]|\\.)*'|\S+)", re.I)
+
+
 def redact(dsn: str) -> str:
-    """The DSN without its password, for messages and reprs."""
+    """The DSN without its secrets (password, sslpassword), for messages and reprs. What libpq
+    cannot parse is not shown at all: a password may sit anywhere in it."""
+    try:
+        params = conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError:
+        return "<a connection string libpq cannot parse>"
+    if not any(params.get(key) for key in _SECRETS):
+        return dsn
+    shown = None
     if "://" in dsn:
-        parts = urlsplit(dsn)
-        if parts.password is not None:
-            host = parts.hostname or ""
-            if parts.port:
-                host += f":{parts.port}"
-            parts = parts._replace(netloc=f"{parts.username or ''}:***@{host}")
-        if "password=" in parts.query.lower():
-            query = "&".join(
-                "password=***" if item.lower().startswith("password=") else item
-                for item in parts.query.split("&")
-            )
-            parts = parts._replace(query=query)
-        return urlunsplit(parts)
-    # key=value form
-    words = [("password=***" if w.lower().startswith("password=") else w) for w in dsn.split()]
-    return " ".join(words)
+        with contextlib.suppress(ValueError):  # urllib refuses some URLs libpq takes
+            shown = _redact_url(dsn)
+    else:
+        shown = _KEY_VALUE_SECRET.sub(r"\1=***", dsn)
+    if shown is not None and _hides_secrets(shown):
+        return shown
+    # a secret where the rewrite does not reach (a percent-encoded key): rebuild it from libpq's
+    return make_conninfo("", **{k: ("***" if k in _SECRETS else v) for k, v in params.items()})
+
+
+def _redact_url(dsn: str) -> str:
+    parts = urlsplit(dsn)
+    if parts.password is not None:
+        userinfo, _, hostinfo = parts.netloc.rpartition("@")
+        parts = parts._replace(netloc=f"{userinfo.split(':', 1)[0]}:***@{hostinfo}")
+    query = "&".join(
+        f"{item.split('=', 1)[0]}=***" if item.split("=", 1)[0].lower() in _SECRETS else item
+        for item in parts.query.split("&")
+    )
+    return urlunsplit(parts._replace(query=query))
+
+
+def _hides_secrets(shown: str) -> bool:
+    try:
+        params = conninfo_to_dict(shown)
+    except psycopg.ProgrammingError:
+        return False
+    return all(params.get(key) in (None, "***") for key in _SECRETS)
+
+
+def check_dsn(dsn: str) -> None:
+    """Refuse what libpq cannot parse now, with a message that quotes none of it (a password
+    may sit anywhere in a broken string)."""
+    try:
+        conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError as error:
+        first = str(error).splitlines()[0] if str(error) else "unreadable"
+        # libpq quotes pieces of the string; keep only one-character ones such as "="
+        reason = re.sub(r'"([^"]*)"', lambda m: m[0] if len(m[1]) <= 1 else '"…"', first)
+        raise ConfigError(
+            f"dsn is not a PostgreSQL connection string ({reason}); use "
+            "'postgresql://user:password@host:5432/dbname' or 'host=... dbname=...', "
+            "or None for the embedded PostgreSQL"
+        ) from None
 
 
 class Queue:
@@ -159,19 +216,28 @@ class SyncLane:
         poll_interval: timedelta | float = timedelta(seconds=5),
         plan_interval: timedelta | float = timedelta(minutes=1),
         worker_name: str | None = None,
+        owners_timeout: timedelta | float = timedelta(minutes=1),
     ) -> None:
         if dsn is not None and (not isinstance(dsn, str) or not dsn.strip()):
             raise ConfigError("dsn must be a PostgreSQL connection string, or None for embedded")
+        if not isinstance(create_schema, bool):
+            raise ConfigError(
+                f"create_schema must be True or False, got {type(create_schema).__name__} "
+                f"{create_schema!r:.100}"
+            )
         self.store = Store(schema)
         self.schema = self.store.schema
         self.poll_interval = to_duration("poll_interval", poll_interval)
         self.plan_interval = to_duration("plan_interval", plan_interval)
+        self.owners_timeout = to_duration("owners_timeout", owners_timeout)
         self.worker_name = check_name(
             "worker_name", worker_name or f"{socket.gethostname()}:{os.getpid()}"
         )
         self.queues: dict[str, Queue] = {}
         if dsn is None:
             dsn = os.environ.get("SYNCLANE_DSN") or None
+        if dsn is not None:
+            check_dsn(dsn)
         self._embedded = dsn is None
         if dsn is None:
             from synclane.embedded import embedded_dsn
@@ -315,9 +381,26 @@ class SyncLane:
             raise ConfigError("plan(owner=...) needs the queue too: app.plan('shops', owner)")
         wider = None if horizon is None else to_duration("horizon", horizon)
         names = [self.get_queue(queue).name] if queue is not None else list(self.queues)
+        if wider is not None:
+            for name in names:
+                for job_type in self.queues[name].types.values():
+                    if isinstance(job_type, WindowedType) and type in (None, job_type.name):
+                        check_slices(f"{name}.{job_type.name}", wider, job_type.slice)
         added: dict[str, int] = {}
+        failed: list[OwnerSourceError] = []
         for name in names:
-            added[name] = self._plan_queue(self.queues[name], owner, wider, type)
+            try:
+                added[name] = self._plan_queue(self.queues[name], owner, wider, type)
+            except OwnerSourceError as error:
+                if queue is not None:
+                    raise
+                # One queue's broken owner source must not keep the others from being planned.
+                log.error("%s", error)
+                failed.append(error)
+        if failed:
+            raise OwnerSourceError(
+                "; ".join(str(error) for error in failed) + f" (planned: {added})", added
+            )
         return added
 
     async def plan_async(
@@ -406,18 +489,51 @@ class SyncLane:
                 f"queue {q.name!r} has no owner source, so the planner cannot know who is "
                 f"connected: decorate a function with @{q.name}.owners"
             )
-        result: Any = q.owner_source(q.name)
-        if inspect.isawaitable(result):
-            result = _run_coroutine(result)
+        source = getattr(q.owner_source, "__qualname__", None) or repr(q.owner_source)
+        timeout = self.owners_timeout
+        try:
+            result = _call_owner_source(q.owner_source, q.name, timeout.total_seconds())
+        except _NotOwners as error:
+            raise OwnerSourceError(
+                f"queue {q.name!r}: the owner source {source} {error}; planning of this queue "
+                "was skipped"
+            ) from None
+        except TimeoutError:
+            raise OwnerSourceError(
+                f"queue {q.name!r}: the owner source {source} did not answer within "
+                f"owners_timeout={timeout}; planning of this queue was skipped. Make it answer "
+                "sooner (a timeout on its own requests) or raise SyncLane(owners_timeout=...)"
+            ) from None
+        except BaseException as error:
+            raise OwnerSourceError(
+                f"queue {q.name!r}: the owner source {source} raised "
+                f"{type(error).__name__}: {_text_of(error)}; planning of this queue was skipped"
+            ) from error
         owners: dict[str, Owner] = {}
+        refused: list[str] = []
         for item in result:
-            found = Owner(item) if isinstance(item, str) else item
-            if not isinstance(found, Owner):
-                raise ConfigError(
-                    f"queue {q.name!r}: the owner source returned {item!r}; return Owner(...) "
-                    "objects or owner id strings"
+            if isinstance(item, str):
+                try:
+                    item = Owner(item)
+                except ConfigError as error:
+                    # One account with an unstorable id must not stop the others.
+                    refused.append(str(error))
+                    continue
+            if not isinstance(item, Owner):
+                raise OwnerSourceError(
+                    f"queue {q.name!r}: the owner source {source} returned {item!r:.200} among "
+                    "its owners; return Owner(...) objects or owner id strings"
                 )
-            owners.setdefault(found.id, found)
+            owners.setdefault(item.id, item)
+        if refused:
+            log.error(
+                "queue %s: the owner source %s returned %d owner id(s) that cannot be stored, "
+                "left out of planning: %s",
+                q.name,
+                source,
+                len(refused),
+                refused[0],
+            )
         return list(owners.values())
 
     # -- operations -----------------------------------------------------------------------
@@ -492,9 +608,17 @@ class SyncLane:
         q = self.get_queue(queue)
         if type is not None:
             q.job_type(type)
+        if owner is not None:
+            check_name("owner", owner)
+        job_ids = None if ids is None else _job_ids(ids)
+        if cause is not None and (not isinstance(cause, str) or unstorable(cause)):
+            raise ConfigError(
+                f"cause={cause!r:.100} must be text as a row of failures() shows it, e.g. "
+                "'RuntimeError: order <n> not found'"
+            )
         statuses = REQUEUE_STATUSES + (("cancelled",) if include_cancelled else ())
         with self.connection() as conn:
-            requeued = self.store.requeue(conn, q.name, owner, type, statuses, ids, cause)
+            requeued = self.store.requeue(conn, q.name, owner, type, statuses, job_ids, cause)
         if requeued:
             log.info("requeued %d job(s) in queue %s", len(requeued), q.name)
         return len(requeued)
@@ -508,7 +632,9 @@ class SyncLane:
             q.job_type(type)
         if not isinstance(reason, str) or not reason.strip():
             raise ConfigError("cancel needs a reason, e.g. cancel('shops', owner, 'disconnected')")
+        # Free text: kept as given, less what PostgreSQL text cannot hold.
         error = f"Cancelled: {reason}".replace("\x00", "")
+        error = error.encode("utf-8", "backslashreplace").decode("utf-8")
         with self.connection() as conn:
             cancelled = self.store.cancel(conn, q.name, owner, type, error[:2000])
         if cancelled:
@@ -683,28 +809,65 @@ class SyncLane:
         return await Worker(self, queues, stop_after, until_idle=until_idle).run_async()
 
 
-def _run_coroutine(awaitable: Awaitable[Any]) -> Any:
-    """Await a coroutine from sync code, also where an event loop already runs (Jupyter)."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(_awaited(awaitable))
-    result: list[Any] = []
-    errors: list[BaseException] = []
+def _call_owner_source(source: OwnerSource, queue: str, timeout: float) -> list[Any]:
+    """Call an owner source (a function or a coroutine function) and read what it returns, in a
+    thread of its own, so that a source that hangs cannot hang the planner: after `timeout` it
+    raises TimeoutError and leaves the thread behind (a coroutine is cancelled; a blocked
+    function cannot be). Works where an event loop already runs (Jupyter, a worker)."""
+    outcome: dict[str, Any] = {}
+    finished = threading.Event()
 
     def target() -> None:
         try:
-            result.append(asyncio.run(_awaited(awaitable)))
-        except BaseException as error:
-            errors.append(error)
+            result: Any = source(queue)
+            if inspect.isawaitable(result):
+                result = asyncio.run(_awaited(result, timeout))
+            if isinstance(result, str | bytes) or not isinstance(result, Iterable):
+                raise _NotOwners(
+                    f"returned {type(result).__name__} {result!r:.100}; return a list of "
+                    "Owner(...) objects or owner id strings"
+                )
+            outcome["owners"] = list(result)
+        except BaseException as error:  # the caller turns it into an OwnerSourceError
+            outcome["error"] = error
+        finally:
+            finished.set()
 
-    thread = threading.Thread(target=target, name="synclane-owner-source")
+    # The source sees the caller's context variables (a Prefect run's logger, tracing ids).
+    context = contextvars.copy_context()
+    thread = threading.Thread(
+        target=context.run, args=(target,), name=f"synclane-owners-{queue}", daemon=True
+    )
     thread.start()
-    thread.join()
-    if errors:
-        raise errors[0]
-    return result[0]
+    if not finished.wait(timeout):
+        raise TimeoutError
+    if "error" in outcome:
+        raise outcome["error"]
+    owners: list[Any] = outcome["owners"]
+    return owners
 
 
-async def _awaited(awaitable: Awaitable[Any]) -> Any:
-    return await awaitable
+def _job_ids(ids: object) -> list[int]:
+    """Job ids as the table holds them: whole numbers from 1 to the bigint limit."""
+    if isinstance(ids, str | bytes) or not isinstance(ids, Iterable):
+        raise ConfigError(f"ids={ids!r:.100} must be a list of job ids, e.g. ids=[12, 13]")
+    found = list(ids)
+    for value in found:
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 < value < 2**63:
+            raise ConfigError(f"ids: {value!r:.100} is not a job id (a whole number >= 1)")
+    return found
+
+
+class _NotOwners(TypeError):
+    """An owner source returned something that is not a list of owners."""
+
+
+async def _awaited(awaitable: Awaitable[Any], timeout: float) -> Any:
+    return await asyncio.wait_for(awaitable, timeout)
+
+
+def _text_of(error: BaseException) -> str:
+    try:
+        return str(error)
+    except Exception:
+        return f"<unprintable {type(error).__name__}>"

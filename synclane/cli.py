@@ -18,14 +18,20 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 from synclane import loading
-from synclane.app import DatabaseUnavailable, SyncLane, redact
+from synclane.app import DatabaseUnavailable, OwnerSourceError, SyncLane, redact
 from synclane.model import STATUSES, ConfigError
 from synclane.store import SchemaError
 
 if TYPE_CHECKING:
     import pandas as pd
 
-USER_ERRORS = (ConfigError, DatabaseUnavailable, SchemaError, psycopg.OperationalError)
+USER_ERRORS = (
+    ConfigError,
+    DatabaseUnavailable,
+    OwnerSourceError,
+    SchemaError,
+    psycopg.OperationalError,
+)
 
 
 class UsageError(Exception):
@@ -207,6 +213,8 @@ def cmd_progress(args: argparse.Namespace) -> None:
             "coverage_start",
             "coverage_end",
             "percent",
+            "state",
+            "eta",
         ]
         _print_frame(frame, columns, "nothing planned yet")
 

@@ -77,8 +77,11 @@ def state(app: SyncLane, hide: Iterable[str] = ()) -> dict[str, Any]:
     and every text in `hide` (the DSN, its password) replaced by `***`."""
     hidden = [text for text in hide if text]
     queues = list(app.queues)
-    recent = _records(app.jobs(limit=JOBS_SHOWN), hidden)
-    still_open = _records(app.jobs(status=list(OPEN_SHOWN), limit=JOBS_SHOWN), hidden)
+    # The page shortens long errors itself and shows the full text on demand.
+    recent = _records(app.jobs(limit=JOBS_SHOWN, full_errors=True), hidden)
+    still_open = _records(
+        app.jobs(status=list(OPEN_SHOWN), limit=JOBS_SHOWN, full_errors=True), hidden
+    )
     by_id = {job["id"]: job for job in [*recent, *still_open]}
     progress = [
         {"queue": name, **row} for name in queues for row in _records(app.progress(name), hidden)

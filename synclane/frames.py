@@ -1,5 +1,10 @@
 """Rows as pandas DataFrames. Imported only when a DataFrame is asked for: workers never pay for
-pandas."""
+pandas.
+
+A column name means one thing in every frame, so its dtype is decided by its name: timestamps
+are tz-aware UTC, counts nullable integers, durations timedeltas, statuses, modes and states
+categoricals that list every value even when a frame holds none of it (so a pivot or a
+`value_counts()` shows the zeros)."""
 
 from __future__ import annotations
 
@@ -10,80 +15,105 @@ import pandas as pd
 
 from synclane.model import MODES, STATUSES
 
-TIMESTAMPS = (
-    "first_seen",
-    "last_seen",
-    "next_due",
-    "since",
-    "window_start",
-    "window_end",
-    "next_run_at",
-    "lease_expires_at",
-    "created_at",
-    "started_at",
-    "heartbeat_at",
-    "completed_at",
-    "coverage_start",
-    "coverage_end",
-)
-INTEGERS = (
-    "id",
-    "job_id",
-    "jobs",
-    "owner_count",
-    "waiting",
-    "priority",
-    "processed_count",
-    "attempt_count",
-    "throttle_count",
-    "slices_total",
-    "slices_completed",
-    "slices_failed",
-    "records",
-)
-STRINGS = (
-    "queue",
-    "owner",
-    "lane",
-    "type",
-    "dedup_key",
-    "cursor",
-    "error",
-    "leased_by",
-    "cause",
-    "example",
-)
+# What `progress()` says about an owner and type; docs/sdk.md defines each.
+STATES = ("connecting", "loading", "loaded", "throttled", "failing", "abandoned", "cancelled")
 
-
-def _typed(columns: Sequence[str], rows: Sequence[tuple[Any, ...]]) -> pd.DataFrame:
-    frame = pd.DataFrame.from_records(list(rows), columns=list(columns))
-    for name in frame.columns:
-        if name in TIMESTAMPS:
-            frame[name] = pd.to_datetime(frame[name], utc=True).astype("datetime64[us, UTC]")
-        elif name in INTEGERS:
-            frame[name] = frame[name].astype("Int64")
-        elif name in STRINGS:
-            frame[name] = frame[name].astype("string")
-        elif name == "status":
-            frame[name] = pd.Categorical(frame[name], categories=STATUSES)
-        elif name == "mode":
-            frame[name] = pd.Categorical(frame[name], categories=MODES)
-        elif name == "lease_token":
-            frame[name] = frame[name].map(lambda token: None if token is None else str(token))
-            frame[name] = frame[name].astype("string")
-    return frame
+TIMESTAMPS = frozenset(
+    {
+        "window_start",
+        "window_end",
+        "next_run_at",
+        "lease_expires_at",
+        "created_at",
+        "started_at",
+        "heartbeat_at",
+        "completed_at",
+        "coverage_start",
+        "coverage_end",
+        "last_completed_at",
+        "first_seen",
+        "last_seen",
+        "since",
+        "next_due",
+        "paused_until",
+        "period",
+    }
+)
+INTEGERS = frozenset(
+    {
+        "id",
+        "job_id",
+        "jobs",
+        "due",
+        "waiting",
+        "owner_count",
+        "priority",
+        "processed_count",
+        "attempt_count",
+        "throttle_count",
+        "slices_total",
+        "slices_completed",
+        "slices_failed",
+        "slices_open",
+        "slices_cancelled",
+        "records",
+        "failed",
+        "deferred",
+        "abandoned",
+    }
+)
+FLOATS = frozenset({"percent", "jobs_per_minute", "records_per_minute"})
+DURATIONS = frozenset({"age", "running_for", "eta", "duration"})
+STRINGS = frozenset(
+    {
+        "queue",
+        "owner",
+        "lane",
+        "type",
+        "dedup_key",
+        "cursor",
+        "error",
+        "leased_by",
+        "cause",
+        "example",
+    }
+)
+CATEGORIES: dict[str, tuple[str, ...]] = {"status": STATUSES, "mode": MODES, "state": STATES}
 
 
 def typed_frame(columns: Sequence[str], rows: Sequence[tuple[Any, ...]]) -> pd.DataFrame:
-    return _typed(columns, rows)
+    """A frame of these rows, each column typed by its name (also when there are no rows)."""
+    frame = pd.DataFrame.from_records(list(rows), columns=list(columns))
+    for name in frame.columns:
+        frame[name] = _typed(str(name), frame[name])
+    return frame
 
 
-jobs_frame = typed_frame
+def _typed(name: str, column: pd.Series) -> Any:
+    if name in TIMESTAMPS:
+        return pd.to_datetime(column, utc=True).astype("datetime64[us, UTC]")
+    if name in INTEGERS:
+        return column.astype("Int64")
+    if name in FLOATS:
+        return column.astype("Float64")
+    if name in DURATIONS:
+        return pd.to_timedelta(column).astype("timedelta64[us]")
+    if name == "lease_token":
+        return column.map(lambda token: None if token is None else str(token)).astype("string")
+    if name in STRINGS:
+        return column.astype("string")
+    if name in CATEGORIES:
+        return pd.Categorical(column, categories=CATEGORIES[name])
+    return column
 
 
-def progress_frame(columns: Sequence[str], rows: Sequence[tuple[Any, ...]]) -> pd.DataFrame:
-    frame = _typed(columns, rows)
-    total = frame["slices_total"].astype("Float64")
-    percent = (100 * frame["slices_completed"].astype("Float64") / total.where(total > 0)).round(1)
-    frame["percent"] = percent.astype("Float64")
+def throughput_frame(
+    columns: Sequence[str], rows: Sequence[tuple[Any, ...]], by: str | None
+) -> pd.DataFrame:
+    """The per-period counts; the grouping column is named after what it groups by."""
+    frame = typed_frame(columns, rows)
+    if by is None:
+        return frame.drop(columns="key")
+    frame = frame.rename(columns={"key": by})
+    frame[by] = frame[by].astype("string")
     return frame

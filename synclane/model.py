@@ -14,6 +14,14 @@ Mode = Literal["initial", "recurring", "manual"]
 # Longest text synclane stores for a name (queue, owner, lane, type) and for an error.
 MAX_NAME_LENGTH = 512
 MAX_ERROR_LENGTH = 2000
+# The longest duration a setting may have. Longer ones overflow PostgreSQL's timestamps (or
+# Python's dates) once added to now, and mean "never" anyway.
+MAX_DURATION = timedelta(days=36525)
+# The most history slices one owner and type may have: more would make planning itself the
+# heavy job (a two-year horizon in hourly slices is 17,520).
+MAX_SLICES = 100_000
+# processed_count is a bigint.
+MAX_COUNT = 2**63 - 1
 
 
 class ConfigError(ValueError):
@@ -23,16 +31,29 @@ class ConfigError(ValueError):
 def check_name(what: str, value: object) -> str:
     """A queue, owner, lane or type name: a non-empty string PostgreSQL text can hold."""
     if not isinstance(value, str):
-        raise ConfigError(f"{what} must be a str, got {type(value).__name__} {value!r}")
+        raise ConfigError(f"{what} must be a str, got {type(value).__name__} {value!r:.100}")
     if not value:
         raise ConfigError(f"{what} must not be empty")
-    if "\x00" in value:
-        raise ConfigError(
-            f"{what} {value!r} contains a NUL byte, which PostgreSQL text cannot hold"
-        )
     if len(value) > MAX_NAME_LENGTH:
         raise ConfigError(f"{what} is {len(value)} characters long; keep it to {MAX_NAME_LENGTH}")
+    problem = unstorable(value)
+    if problem:
+        raise ConfigError(f"{what} {value!r:.100} contains {problem}")
     return value
+
+
+def unstorable(text: str) -> str | None:
+    """Why PostgreSQL text (UTF-8) cannot hold this string, or None when it can."""
+    if "\x00" in text:
+        return "a NUL byte, which PostgreSQL text cannot hold"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        return (
+            f"a lone surrogate ({text[error.start]!r}) at position {error.start}, which is not "
+            "text UTF-8 can encode; decode the bytes it came from with errors='replace'"
+        )
+    return None
 
 
 def to_duration(setting: str, value: object, *, allow_zero: bool = False) -> timedelta:
@@ -42,7 +63,12 @@ def to_duration(setting: str, value: object, *, allow_zero: bool = False) -> tim
     elif isinstance(value, int | float) and not isinstance(value, bool):
         if not math.isfinite(value):
             raise ConfigError(f"{setting}={value!r} is not a finite number of seconds")
-        duration = timedelta(seconds=value)
+        try:
+            duration = timedelta(seconds=value)
+        except OverflowError:
+            raise ConfigError(
+                f"{setting}={value!r} seconds is longer than 100 years; use a shorter duration"
+            ) from None
     else:
         raise ConfigError(
             f"{setting} must be a timedelta or a number of seconds, got {type(value).__name__} "
@@ -51,7 +77,18 @@ def to_duration(setting: str, value: object, *, allow_zero: bool = False) -> tim
     if duration < timedelta(0) or (duration == timedelta(0) and not allow_zero):
         bound = ">= 0" if allow_zero else "> 0"
         raise ConfigError(f"{setting}={duration} must be {bound}, e.g. timedelta(minutes=5)")
+    if duration > MAX_DURATION:
+        raise ConfigError(f"{setting}={duration} is longer than 100 years; use a shorter duration")
     return duration
+
+
+def check_slices(name: str, horizon: timedelta, slice: timedelta) -> None:
+    """A horizon cut into at most MAX_SLICES slices."""
+    if horizon / slice > MAX_SLICES:
+        raise ConfigError(
+            f"{name}: horizon={horizon} in slices of {slice} makes {horizon // slice:,} slices "
+            f"per owner; keep it to {MAX_SLICES:,}: use a longer slice"
+        )
 
 
 def check_aware(setting: str, value: datetime | None) -> datetime | None:
@@ -115,10 +152,17 @@ class Page:
                 f"Page.next_cursor must be a str or None, got {type(self.next_cursor).__name__} "
                 f"{self.next_cursor!r}; convert it with str()"
             )
-        if self.next_cursor is not None and "\x00" in self.next_cursor:
-            raise ValueError("Page.next_cursor contains a NUL byte, which PostgreSQL cannot store")
-        if not isinstance(self.count, int) or isinstance(self.count, bool) or self.count < 0:
-            raise ValueError(f"Page.count must be an int >= 0, got {self.count!r}")
+        problem = None if self.next_cursor is None else unstorable(self.next_cursor)
+        if problem:
+            raise ValueError(f"Page.next_cursor contains {problem}")
+        if (
+            not isinstance(self.count, int)
+            or isinstance(self.count, bool)
+            or not 0 <= self.count <= MAX_COUNT
+        ):
+            raise ValueError(
+                f"Page.count must be an int >= 0 (and < 2**63), got {self.count!r:.100}"
+            )
 
 
 class Throttled(Exception):
@@ -220,6 +264,7 @@ class WindowedType:
                 f"{name}: slice={self.slice} is longer than horizon={self.horizon}; "
                 "use a slice no longer than the horizon"
             )
+        check_slices(name, self.horizon, self.slice)
         if self.overlap >= self.every:
             raise ConfigError(
                 f"{name}: overlap={self.overlap} must be shorter than every={self.every}, "

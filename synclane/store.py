@@ -14,7 +14,7 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
 
-from synclane.model import ConfigError
+from synclane.model import ConfigError, unstorable
 from synclane.planning import NewJob
 
 SCHEMA_VERSION = 1
@@ -52,9 +52,12 @@ def schema_ddl(schema: str) -> str:
 def check_schema_name(schema: object) -> str:
     if not isinstance(schema, str) or not schema:
         raise ConfigError(f"schema must be a non-empty str, got {schema!r}")
-    if "\x00" in schema or len(schema) > 63:
+    # 63 bytes of UTF-8, not characters: PostgreSQL cuts longer names silently, so two long
+    # names with one beginning would share a table.
+    if unstorable(schema) or len(schema.encode("utf-8")) > 63:
         raise ConfigError(
-            f"schema {schema!r} is not a PostgreSQL identifier (at most 63 bytes, no NUL byte)"
+            f"schema {schema!r:.100} is not a PostgreSQL identifier (at most 63 bytes of UTF-8, "
+            "no NUL byte); choose a shorter name"
         )
     if schema.startswith("pg_"):
         raise ConfigError(f"schema {schema!r}: names starting with pg_ are reserved by PostgreSQL")
@@ -110,9 +113,25 @@ class Store:
         if version == SCHEMA_VERSION:
             return version
         self._refuse_newer(version)
-        with conn.transaction():
-            conn.execute(self.query("migration_lock"), {"schema": self.schema})
-            conn.execute(render(SCHEMA_SQL, self.schema))
+        try:
+            with conn.transaction():
+                conn.execute(self.query("migration_lock"), {"schema": self.schema})
+                conn.execute(render(SCHEMA_SQL, self.schema))
+        except psycopg.OperationalError:
+            raise
+        except psycopg.errors.InsufficientPrivilege as error:
+            raise SchemaError(
+                f"schema {self.schema!r} cannot be created or upgraded by this role "
+                f"({_first_line(error)}); run app.migrate() (or `synclane migrate`) once as a "
+                "role that may, or apply docs/schema.sql, then start with create_schema=False"
+            ) from None
+        except psycopg.DatabaseError as error:
+            # The DDL is idempotent on synclane's own tables; it fails on someone else's.
+            raise SchemaError(
+                f"schema {self.schema!r} could not be set up ({_first_line(error)}): it holds "
+                "tables synclane did not create, such as a jobs table of your own; give synclane "
+                "a schema of its own"
+            ) from None
         return SCHEMA_VERSION
 
     def check_version(self, conn: psycopg.Connection[Any]) -> None:
@@ -274,3 +293,8 @@ class Store:
             self.query("reclaim_expired"), {"queue": queue, "max_attempts": max_attempts}
         )
         return await cur.fetchall()
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__

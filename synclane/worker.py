@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import contextvars
 import dataclasses
+import functools
 import inspect
 import logging
 import random
@@ -18,9 +19,9 @@ import signal
 import threading
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
 from psycopg import errors
@@ -33,16 +34,26 @@ if TYPE_CHECKING:
     from synclane.app import Queue, SyncLane
 
 log = logging.getLogger("synclane")
+T = TypeVar("T")
 
 # How long a worker keeps retrying a write while the database is away before it leaves the job
 # to lease expiry (another worker, or this one, reclaims it then).
 _OUTAGE_BACKOFF = (0.2, 0.5, 1.0, 2.0, 5.0)
+# How long a slot waits for a pooled connection before it counts the database as unreachable:
+# it then logs the outage and backs off, instead of waiting silently inside the pool (whose
+# default is 30 s). A healthy pool always has a connection for every slot.
+_CONNECTION_WAIT = 3.0
 
 
 def error_text(error: BaseException) -> str:
-    """'<ExceptionType>: <message>', bounded, without NUL bytes PostgreSQL cannot store."""
+    """'<ExceptionType>: <message>', bounded, without NUL bytes or lone surrogates PostgreSQL
+    cannot store; an exception whose str() itself fails still gets a line."""
     error = getattr(error, "original", error)
-    message = str(error).replace("\x00", "")
+    try:
+        message = str(error)
+    except Exception:
+        message = f"<unprintable {type(error).__name__} object>"
+    message = message.replace("\x00", "").encode("utf-8", "backslashreplace").decode("utf-8")
     text = f"{type(error).__name__}: {message}" if message else type(error).__name__
     if len(text) > MAX_ERROR_LENGTH:
         text = text[: MAX_ERROR_LENGTH - 1] + "…"
@@ -75,7 +86,14 @@ def _describe(job: TakenJob | Job) -> str:
         start = job.window_start.isoformat() if job.window_start else "…"
         end = job.window_end.isoformat() if job.window_end else "…"
         window = f" window={start}..{end}"
-    return f"job {job.id} owner={job.owner} lane={job.lane} type={job.type}{window}"
+    owner, lane, kind = _printable(job.owner), _printable(job.lane), _printable(job.type)
+    return f"job {job.id} owner={owner} lane={lane} type={kind}{window}"
+
+
+def _printable(name: str) -> str:
+    """A name as it is, unless it holds a line break or another control character: then
+    escaped, so that an account's name cannot forge log lines."""
+    return name if name.isprintable() else repr(name)[1:-1]
 
 
 class LeaseLost(Exception):
@@ -99,6 +117,11 @@ class Worker:
     ) -> None:
         self.app = app
         self.until_idle = until_idle
+        if queues is not None and not isinstance(queues, Iterable):
+            raise ConfigError(
+                f"queues must be a queue name or a list of them, got {type(queues).__name__} "
+                f"{queues!r:.100}"
+            )
         names = list(app.queues) if queues is None else list(queues)
         if isinstance(queues, str):
             names = [queues]
@@ -144,6 +167,9 @@ class Worker:
             self._loop.call_soon_threadsafe(self._stop.set)
 
     async def run_async(self) -> dict[str, int]:
+        # Before any job is taken: a schema made by a newer synclane is refused (SchemaError),
+        # also with create_schema=False, and an unreachable database fails fast.
+        await asyncio.to_thread(self.app.check_schema)
         loop = self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
         if self._stop_requested:
@@ -159,6 +185,7 @@ class Worker:
             configure=_configure,
             open=False,
             name="synclane",
+            timeout=_CONNECTION_WAIT,
         )
         await self._pool.open()
         installed = self._install_signal_handlers(loop)
@@ -279,16 +306,22 @@ class Worker:
         if not plannable:
             self._planned.set()
         while not self.stopping and plannable:
-            for queue in plannable:
-                try:
-                    added = await asyncio.to_thread(self.app.plan, queue.name)
-                except Exception as error:
-                    log.error("planning queue %s failed: %s", queue.name, error_text(error))
-                    continue
-                if added.get(queue.name):
-                    self._nudge()
+            # Side by side: a queue whose owner source hangs (until owners_timeout) does not hold
+            # up the others.
+            await asyncio.gather(*(self._plan_queue(queue) for queue in plannable))
             self._planned.set()
             await self._pause_for_stop(self.app.plan_interval.total_seconds())
+
+    async def _plan_queue(self, queue: Queue) -> None:
+        try:
+            added = await _in_thread(
+                functools.partial(self.app.plan, queue.name), f"synclane-plan-{queue.name}"
+            )
+        except Exception as error:
+            log.error("planning queue %s failed: %s", queue.name, error_text(error))
+            return
+        if added.get(queue.name):
+            self._nudge()
 
     async def _reclaim_loop(self) -> None:
         assert self._pool is not None
@@ -377,12 +410,23 @@ class Worker:
 
     async def _write(self, queue: Queue, name: str, params: dict[str, Any]) -> bool:
         """A guarded write, retried through a short database outage. False: lease lost."""
+        store = self.app.store
+        return await self._retrying(queue, name, lambda conn: store.a_guarded(conn, name, params))
+
+    async def _retrying(
+        self,
+        queue: Queue,
+        name: str,
+        statement: Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]],
+    ) -> T:
+        """A statement about a running job, retried through a database outage for up to half
+        the lease; after that it raises LeaseLost and leaves the job to lease expiry."""
         assert self._pool is not None
         deadline = time.monotonic() + queue.settings.lease_duration.total_seconds() / 2
         for delay in (*_OUTAGE_BACKOFF, None):
             try:
                 async with self._pool.connection() as conn:
-                    return await self.app.store.a_guarded(conn, name, params)
+                    return await statement(conn)
             except psycopg.OperationalError as error:
                 if delay is None or time.monotonic() + delay > deadline:
                     log.warning("giving up on %s after a database outage: %s", name, error)
@@ -485,11 +529,19 @@ class Worker:
         )
         params = {**guard, "error": error_text(error), "delay": delay}
         params["max_attempts"] = settings.max_attempts
+        store = self.app.store
         try:
-            async with self._pool.connection() as conn:
-                outcome = await self.app.store.a_fail(conn, params)
-        except psycopg.OperationalError as db_error:
-            log.warning("%s: could not record its failure: %s", describe(taken), db_error)
+            # Retried like every write: a failure recorded late beats one lost (the lease would
+            # expire and the job would say LeaseExpired instead of what went wrong).
+            outcome = await self._retrying(
+                queue, "fail_job", lambda conn: store.a_fail(conn, params)
+            )
+        except LeaseLost:
+            log.warning(
+                "%s: could not record its failure, left to lease expiry: %s",
+                describe(taken),
+                params["error"],
+            )
             return
         if outcome is None:
             self.report["lost"] += 1
@@ -550,7 +602,7 @@ class Worker:
             stop_waiter.cancel()
         result = page.result()
         if inspect.isawaitable(result):
-            result = await result
+            result = await _contained(result)
         if not isinstance(result, Page):
             raise TypeError(
                 f"the {job.type} handler returned {type(result).__name__} {result!r:.200}; "
@@ -564,7 +616,15 @@ def _start_page(handler: Callable[[Job], Any], job: Job) -> asyncio.Future[Any]:
     heartbeat keeps beating and a page that never returns cannot hold the slot."""
     if inspect.iscoroutinefunction(handler):
         coroutine: Awaitable[Any] = handler(job)
-        return asyncio.ensure_future(coroutine)
+        return asyncio.ensure_future(_contained(coroutine))
+    return _in_thread(functools.partial(handler, job), f"synclane-job-{job.id}")
+
+
+def _in_thread(call: Callable[[], Any], name: str) -> asyncio.Future[Any]:
+    """Run `call` in a daemon thread of its own; returns a future of its result. Unlike
+    asyncio.to_thread nothing waits for the thread when the loop closes, so a call that never
+    returns (a page, an owner source) cannot hold up the worker's exit. A BaseException it
+    raises arrives as an Exception (_Escaped)."""
     loop = asyncio.get_running_loop()
     future: asyncio.Future[Any] = loop.create_future()
 
@@ -579,28 +639,39 @@ def _start_page(handler: Callable[[Job], Any], job: Job) -> asyncio.Future[Any]:
 
     def target() -> None:
         try:
-            result = handler(job)
+            result = call()
         except BaseException as error:  # the slot turns it into a job error
             failure = error if isinstance(error, Exception) else _Escaped(error)
             post(lambda: future.set_exception(failure))
         else:
             post(lambda: future.set_result(result))
 
-    # The handler sees the caller's context variables (a Prefect run's logger, tracing ids).
+    # The call sees the caller's context variables (a Prefect run's logger, tracing ids).
     context = contextvars.copy_context()
-    thread = threading.Thread(
-        target=context.run, args=(target,), name=f"synclane-job-{job.id}", daemon=True
-    )
+    thread = threading.Thread(target=context.run, args=(target,), name=name, daemon=True)
     thread.start()
     return future
 
 
+async def _contained(coroutine: Awaitable[Any]) -> Any:
+    """A coroutine handler that raises SystemExit, KeyboardInterrupt or another BaseException
+    fails its job like any error: left alone, asyncio would re-raise the first two out of the
+    event loop (killing the worker) and the others would end the slot's task (a dead slot).
+    Cancellation still goes through: it is how a page is abandoned."""
+    try:
+        return await coroutine
+    except (Exception, asyncio.CancelledError):
+        raise
+    except BaseException as error:
+        raise _Escaped(error) from error
+
+
 class _Escaped(Exception):
-    """A handler raised a BaseException (SystemExit, KeyboardInterrupt …) in its thread."""
+    """A handler raised a BaseException (SystemExit, KeyboardInterrupt …)."""
 
     def __init__(self, original: BaseException) -> None:
         self.original = original
-        super().__init__(f"{type(original).__name__}: {original}")
+        super().__init__(type(original).__name__)
 
 
 async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:

@@ -55,6 +55,7 @@ def build(settings: dict[str, Any]) -> SyncLane:
         "q",
         concurrency=settings.get("concurrency", 1),
         lease_duration=settings.get("lease", 30),
+        max_attempts=settings.get("max_attempts", 5),
         retry_base_delay=0.1,
         retry_max_delay=0.5,
     )
