@@ -197,9 +197,29 @@ def throughput(
 # -- filters ---------------------------------------------------------------------------------
 
 
+TEXT_FILTERS = ("queue", "owner", "type", "lane", "cause")
+
+
+def _check_text(params: Mapping[str, Any]) -> None:
+    """A filter PostgreSQL text cannot hold is a mistake to name, not a DataError to show."""
+    for key in TEXT_FILTERS:
+        value = params.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, str):
+            raise ConfigError(f"{key} must be a str, got {type(value).__name__} {value!r}")
+        if "\x00" in value:
+            raise ConfigError(f"{key} {value!r} contains a NUL byte, which no stored name holds")
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ConfigError(f"{key} {value!r} is not valid Unicode text") from None
+
+
 def _rows(
     app: SyncLane, name: str, params: Mapping[str, Any]
 ) -> tuple[list[str], list[tuple[Any, ...]]]:
+    _check_text(params)
     with app.connection() as conn, conn.transaction():
         # Short aggregates over many rows: compiling them (JIT) costs more than it saves
         # (bench/sdk.py: progress() over 1M jobs, 0.5 s with JIT, 0.12 s without).

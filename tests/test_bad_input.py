@@ -584,3 +584,15 @@ def test_a_worker_refuses_a_schema_made_by_a_newer_synclane(
     finally:
         older.close()
     assert job_row(db, schema, job_id)["status"] == "pending"
+
+
+@pytest.mark.parametrize("hostile", ["a\x00b", "\ud800", 42])
+@pytest.mark.parametrize("call", ["jobs", "failures", "depth", "coverage", "progress"])
+def test_sdk_filters_refuse_what_text_cannot_hold(
+    app: SyncLane, hostile: object, call: str
+) -> None:
+    queue = app.queue("shops")
+    queue.snapshot("products", every=60)(lambda job: None)
+    method = getattr(app, call)
+    with pytest.raises(ConfigError, match="owner"):
+        method("shops", owner=hostile)
