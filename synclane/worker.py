@@ -96,6 +96,23 @@ def _printable(name: str) -> str:
     return name if name.isprintable() else repr(name)[1:-1]
 
 
+class LeaseClock:
+    """When this worker last renewed a job's lease, by its own monotonic clock (which keeps
+    running while the process is paused). A worker that finds its lease ran out while it was
+    not running stops before it starts another page; the token guard refuses its writes anyway.
+    """
+
+    __slots__ = ("renewed", "seconds")
+
+    def __init__(self, lease: timedelta, renewed: float) -> None:
+        self.seconds = lease.total_seconds()
+        self.renewed = renewed  # taken before the renewing statement was sent: conservative
+
+    def check(self) -> None:
+        if time.monotonic() - self.renewed >= self.seconds:
+            raise LeaseLost("the lease ran out while this worker was not running (paused?)")
+
+
 class LeaseLost(Exception):
     """A guarded write matched no row: another worker owns the job, or it was cancelled."""
 
@@ -369,6 +386,7 @@ class Worker:
         outage = 0
         while not self.stopping:
             try:
+                asked = time.monotonic()
                 taken = await self._take(queue)
             except psycopg.OperationalError as error:
                 delay = _OUTAGE_BACKOFF[min(outage, len(_OUTAGE_BACKOFF) - 1)]
@@ -391,7 +409,7 @@ class Worker:
             self._busy += 1
             self._started += 1
             try:
-                await self._run_job(queue, taken)
+                await self._run_job(queue, taken, LeaseClock(queue.settings.lease_duration, asked))
             finally:
                 self._busy -= 1
 
@@ -434,7 +452,7 @@ class Worker:
                 await asyncio.sleep(delay)
         raise AssertionError("unreachable")
 
-    async def _run_job(self, queue: Queue, taken: TakenJob) -> None:
+    async def _run_job(self, queue: Queue, taken: TakenJob, lease: LeaseClock) -> None:
         settings = queue.settings
         guard = {"id": taken.id, "token": taken.lease_token, "lease": settings.lease_duration}
         handler = queue.handlers.get(taken.type)
@@ -456,7 +474,8 @@ class Worker:
             if handler is None:
                 raise ConfigError(f"no handler for type {taken.type!r} in queue {queue.name!r}")
             while True:
-                page = await self._page(queue, handler, job, guard)
+                lease.check()
+                page = await self._page(queue, handler, job, guard, lease)
                 if page.next_cursor is None:
                     if await self._write(queue, "complete_job", {**guard, "count": page.count}):
                         self.report["completed"] += 1
@@ -464,8 +483,10 @@ class Worker:
                         return
                     raise LeaseLost("the job was taken over or cancelled")
                 params = {**guard, "cursor": page.next_cursor, "count": page.count}
+                sent = time.monotonic()
                 if not await self._write(queue, "save_page", params):
                     raise LeaseLost("the job was taken over or cancelled")
+                lease.renewed = sent
                 job = dataclasses.replace(
                     job, cursor=page.next_cursor, processed_count=job.processed_count + page.count
                 )
@@ -578,6 +599,7 @@ class Worker:
         handler: Callable[[Job], Any],
         job: Job,
         guard: dict[str, Any],
+        lease: LeaseClock,
     ) -> Page:
         """Run one page while renewing the lease; raises Stopping or LeaseLost to unwind."""
         assert self._stop is not None
@@ -593,8 +615,10 @@ class Worker:
                     break
                 if stop_waiter in done:
                     raise Stopping
+                sent = time.monotonic()
                 if not await self._write(queue, "heartbeat", guard):
                     raise LeaseLost("heartbeat refused: the job was taken over or cancelled")
+                lease.renewed = sent
         except BaseException:
             page.cancel()
             raise
