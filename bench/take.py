@@ -23,7 +23,7 @@ import psycopg
 from psycopg import sql
 
 from bench.common import bench_dsn, fresh_schema, summary_ms, timed
-from synclane.store import Store
+from synclane.store import WORKER_SESSION, Store
 
 
 def _fill(conn: psycopg.Connection[Any], schema: str, statement: str) -> None:
@@ -51,15 +51,25 @@ def measure(dsn: str, schema: str, rounds: int) -> list[float]:
     store = Store(schema)
     times = []
     with psycopg.connect(dsn) as conn:
-        params = {"queue": "q", "worker": "bench", "lease": timedelta(minutes=5), "front": 64}
+        for setting in WORKER_SESSION:  # the session a worker's connections have
+            conn.execute(setting)
+        conn.commit()
+        params = {
+            "queue": "q",
+            "worker": "bench",
+            "lease": timedelta(minutes=5),
+            "front": 64,
+            "done_id": None,  # a slot's first take: no job to complete in the same statement
+            "done_token": None,
+            "done_count": 0,
+        }
 
         def take() -> Any:
             # What Store.a_take does: the front of the line, then lane by lane.
-            for name in ("take_front", "take_by_lane"):
-                row = conn.execute(store.query(name), params).fetchone()
-                if row is not None:
-                    return row
-            return None
+            row = conn.execute(store.query("take_front"), params).fetchone()
+            if row is not None and row[1] is not None:  # (completed, id, …)
+                return row
+            return conn.execute(store.query("take_by_lane"), params).fetchone()
 
         for _ in range(rounds):
             elapsed, row = timed(take)

@@ -22,6 +22,11 @@ SCHEMA_VERSION = 1
 # lane (see docs/performance.md: the front answers in well under a millisecond).
 FRONT_SIZE = 64
 
+# Settings of every worker connection. A prepared statement's first executions get custom plans;
+# for the take statement planning costs as much as running (about 0.3 ms each) and the generic
+# plan is the same plan, so workers always use it (docs/performance.md).
+WORKER_SESSION = ("SET TIME ZONE 'UTC'", "SET plan_cache_mode = force_generic_plan")
+
 _NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 
 
@@ -80,6 +85,15 @@ class TakenJob:
     processed_count: int
     lease_token: UUID
     previous_status: str
+
+
+@dataclass(frozen=True)
+class Take:
+    """What one take statement did: whether it completed the slot's last job, and the job it
+    took, if any."""
+
+    completed: bool
+    job: TakenJob | None
 
 
 class SchemaError(RuntimeError):
@@ -254,20 +268,42 @@ class Store:
     # -- worker (async) -------------------------------------------------------------------
 
     async def a_take(
-        self, conn: psycopg.AsyncConnection[Any], queue: str, worker: str, lease: timedelta
-    ) -> TakenJob | None:
-        """Takes one job, or None. Looks at the front of the line first, and lane by lane only
-        when the front waits behind busy lanes (or is empty). Raises
-        psycopg.errors.UniqueViolation when another slot won the lane at the same instant: the
-        caller asks again."""
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        queue: str,
+        worker: str,
+        lease: timedelta,
+        done: Mapping[str, Any] | None = None,
+    ) -> Take:
+        """Takes one job, or none. Looks at the front of the line first, and lane by lane only
+        when the front waits behind busy lanes (or is empty).
+
+        `done` (id, token, count) is the slot's last job, finished: the front statement completes
+        it under its lease guard and takes in the same commit, and takes nothing when the
+        completion was refused (the lease was lost). Raises psycopg.errors.UniqueViolation when
+        another slot won the lane at the same instant; nothing was written then, the completion
+        included, and the caller asks again."""
         cur = conn.cursor(row_factory=dict_row)
-        params = {"queue": queue, "worker": worker, "lease": lease, "front": FRONT_SIZE}
-        for name in ("take_front", "take_by_lane"):
-            await cur.execute(self.query(name), params)
-            row = await cur.fetchone()
-            if row is not None:
-                return TakenJob(**row)
-        return None
+        params = {
+            "queue": queue,
+            "worker": worker,
+            "lease": lease,
+            "front": FRONT_SIZE,
+            "done_id": None if done is None else done["id"],
+            "done_token": None if done is None else done["token"],
+            "done_count": 0 if done is None else done["count"],
+        }
+        await cur.execute(self.query("take_front"), params)
+        row = await cur.fetchone()
+        assert row is not None, "take_front always returns one row"
+        completed = bool(row.pop("completed"))
+        if row["id"] is not None:
+            return Take(completed, TakenJob(**row))
+        if done is not None and not completed:
+            return Take(False, None)
+        await cur.execute(self.query("take_by_lane"), params)
+        row = await cur.fetchone()
+        return Take(completed, None if row is None else TakenJob(**row))
 
     async def a_guarded(
         self, conn: psycopg.AsyncConnection[Any], name: str, params: Mapping[str, Any]

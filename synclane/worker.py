@@ -28,7 +28,7 @@ from psycopg import errors
 from psycopg_pool import AsyncConnectionPool
 
 from synclane.model import MAX_ERROR_LENGTH, Abandon, ConfigError, Job, Page, Throttled, to_duration
-from synclane.store import TakenJob
+from synclane.store import WORKER_SESSION, Take, TakenJob
 
 if TYPE_CHECKING:
     from synclane.app import Queue, SyncLane
@@ -162,6 +162,7 @@ class Worker:
         self._busy = 0  # slots running a job now
         self._started = 0  # jobs started so far
         self._planned: asyncio.Event | None = None
+        self._stop_waiter: asyncio.Future[Any] | None = None
 
     # -- life cycle -----------------------------------------------------------------------
 
@@ -193,6 +194,8 @@ class Worker:
             self._stop.set()
         self._wake = asyncio.Event()
         self._planned = asyncio.Event()
+        # One waiter for the whole run: every page waits on it, none creates its own.
+        self._stop_waiter = asyncio.ensure_future(self._stop.wait())
         slots = sum(q.settings.concurrency for q in self.queues)
         self._pool = AsyncConnectionPool(
             self.app.dsn,
@@ -235,6 +238,7 @@ class Worker:
                 raise
         finally:
             self._stop.set()
+            self._stop_waiter.cancel()
             for task in helpers:
                 task.cancel()
             await asyncio.gather(*helpers, return_exceptions=True)
@@ -406,20 +410,30 @@ class Worker:
             if taken is None:
                 await self._pause(self.app.poll_interval.total_seconds())
                 continue
-            self._busy += 1
-            self._started += 1
-            try:
-                await self._run_job(queue, taken, LeaseClock(queue.settings.lease_duration, asked))
-            finally:
-                self._busy -= 1
+            job: tuple[TakenJob, LeaseClock] | None
+            job = (taken, LeaseClock(queue.settings.lease_duration, asked))
+            while job is not None:
+                self._busy += 1
+                self._started += 1
+                try:
+                    # A completed job's statement may have taken the next one already.
+                    job = await self._run_job(queue, *job)
+                finally:
+                    self._busy -= 1
 
     async def _take(self, queue: Queue) -> TakenJob | None:
+        took = await self._take_finishing(queue, None)
+        return None if took is None else took.job
+
+    async def _take_finishing(self, queue: Queue, done: dict[str, Any] | None) -> Take | None:
+        """One take, completing `done` in the same statement when it is given. None: several
+        races for a lane in a row were lost, and nothing was written."""
         assert self._pool is not None
         for _ in range(20):
             try:
                 async with self._pool.connection() as conn:
                     return await self.app.store.a_take(
-                        conn, queue.name, self.app.worker_name, queue.settings.lease_duration
+                        conn, queue.name, self.app.worker_name, queue.settings.lease_duration, done
                     )
             except errors.UniqueViolation:
                 # Another slot won this lane in the same instant; the next best job is ours.
@@ -452,7 +466,10 @@ class Worker:
                 await asyncio.sleep(delay)
         raise AssertionError("unreachable")
 
-    async def _run_job(self, queue: Queue, taken: TakenJob, lease: LeaseClock) -> None:
+    async def _run_job(
+        self, queue: Queue, taken: TakenJob, lease: LeaseClock
+    ) -> tuple[TakenJob, LeaseClock] | None:
+        """Runs one job to its end; returns the next job when the completing statement took one."""
         settings = queue.settings
         guard = {"id": taken.id, "token": taken.lease_token, "lease": settings.lease_duration}
         handler = queue.handlers.get(taken.type)
@@ -474,14 +491,12 @@ class Worker:
             if handler is None:
                 raise ConfigError(f"no handler for type {taken.type!r} in queue {queue.name!r}")
             while True:
+                if self.stopping:
+                    raise Stopping
                 lease.check()
                 page = await self._page(queue, handler, job, guard, lease)
                 if page.next_cursor is None:
-                    if await self._write(queue, "complete_job", {**guard, "count": page.count}):
-                        self.report["completed"] += 1
-                        log.info("%s: completed", describe(taken))
-                        return
-                    raise LeaseLost("the job was taken over or cancelled")
+                    return await self._complete(queue, taken, guard, page.count)
                 params = {**guard, "cursor": page.next_cursor, "count": page.count}
                 sent = time.monotonic()
                 if not await self._write(queue, "save_page", params):
@@ -512,6 +527,36 @@ class Worker:
                 log.warning("%s: abandoned: %s", describe(taken), abandon.reason)
         except Exception as error:
             await self._fail(queue, taken, guard, error)
+        return None
+
+    async def _complete(
+        self, queue: Queue, taken: TakenJob, guard: dict[str, Any], count: int
+    ) -> tuple[TakenJob, LeaseClock] | None:
+        """Marks the job completed and, unless the worker is stopping, takes the next job in
+        the same statement (one commit a job). Raises LeaseLost when the completion is refused.
+        """
+        following = None
+        completed: bool | None = None
+        if not self.stopping:
+            done = {"id": taken.id, "token": taken.lease_token, "count": count}
+            asked = time.monotonic()
+            try:
+                took = await self._take_finishing(queue, done)
+            except psycopg.OperationalError:
+                # Whether it committed is unknown: the completion alone is retried below, through
+                # the outage. A job it may have taken is reclaimed when its lease expires.
+                took = None
+            if took is not None:
+                completed = took.completed
+                if took.job is not None:
+                    following = (took.job, LeaseClock(queue.settings.lease_duration, asked))
+        if completed is None:
+            completed = await self._write(queue, "complete_job", {**guard, "count": count})
+        if not completed:
+            raise LeaseLost("the job was taken over or cancelled")
+        self.report["completed"] += 1
+        log.info("%s: completed", describe(taken))
+        return following
 
     async def _hand_back(
         self, queue: Queue, taken: TakenJob, guard: dict[str, Any], cursor: str | None
@@ -602,10 +647,10 @@ class Worker:
         lease: LeaseClock,
     ) -> Page:
         """Run one page while renewing the lease; raises Stopping or LeaseLost to unwind."""
-        assert self._stop is not None
+        assert self._stop_waiter is not None
+        stop_waiter = self._stop_waiter
         beat = max(queue.settings.lease_duration.total_seconds() / 3, 0.05)
         page = _start_page(handler, job)
-        stop_waiter = asyncio.ensure_future(self._stop.wait())
         try:
             while True:
                 done, _ = await asyncio.wait(
@@ -622,8 +667,6 @@ class Worker:
         except BaseException:
             page.cancel()
             raise
-        finally:
-            stop_waiter.cancel()
         result = page.result()
         if inspect.isawaitable(result):
             result = await _contained(result)
@@ -699,4 +742,5 @@ class _Escaped(Exception):
 
 
 async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
-    await conn.execute("SET TIME ZONE 'UTC'")
+    for setting in WORKER_SESSION:
+        await conn.execute(setting)

@@ -300,10 +300,24 @@ ORDER BY o.queue, o.lane;
 
 -- name: take_front
 -- takes the best due job of a free lane from the front of the line and marks it running under a
--- fresh lease token; two takers of one lane may both pass this query, and the running-lane
--- index lets only one of them commit (the other gets a unique violation and asks again)
-WITH busy AS MATERIALIZED (
-    SELECT lane FROM {schema}.jobs WHERE queue = %(queue)s AND status = 'running'
+-- fresh lease token. When %(done_id)s is set, the same statement (and commit) first completes the
+-- slot's last job, under its lease guard, and takes only if that completion went through: a job
+-- then costs one commit, not two. Two takers of one lane may both pass this query, and the
+-- running-lane index lets only one of them commit: the other gets a unique violation, its
+-- completion rolls back with it, and it asks again. One row always comes back: completed (0 or
+-- 1) and the taken job's columns, NULL when nothing was taken.
+WITH done AS (
+    UPDATE {schema}.jobs
+    SET status = 'completed', processed_count = processed_count + %(done_count)s, error = NULL,
+        completed_at = now(), heartbeat_at = now(),
+        leased_by = NULL, lease_token = NULL, lease_expires_at = NULL
+    WHERE id = %(done_id)s AND lease_token = %(done_token)s AND status = 'running'
+    RETURNING id
+),
+busy AS MATERIALIZED (
+    -- the job completed above no longer holds its lane: its next job may be taken at once
+    SELECT lane FROM {schema}.jobs
+    WHERE queue = %(queue)s AND status = 'running' AND id <> coalesce(%(done_id)s::bigint, 0)
     UNION ALL
     SELECT lane FROM {schema}.jobs
     WHERE queue = %(queue)s AND status = 'cancelled' AND lease_token IS NOT NULL
@@ -319,20 +333,27 @@ front AS (
     WHERE f.next_run_at <= now() AND f.lane NOT IN (SELECT lane FROM busy)
 ),
 taken AS (
+    -- the completion runs first (this condition reads it before any row is taken), so its
+    -- lane is free in the running-lane index when the same lane's next job is marked running
     SELECT j.id, j.status FROM {schema}.jobs j
     WHERE j.id = ANY (ARRAY(SELECT id FROM front)) AND j.status IN ('pending', 'failed')
+      AND (%(done_id)s::bigint IS NULL OR (SELECT count(*) FROM done) = 1)
     ORDER BY j.priority, j.window_start DESC NULLS LAST, j.id
     LIMIT 1 FOR UPDATE SKIP LOCKED
+),
+next AS (
+    UPDATE {schema}.jobs j
+    SET status = 'running', leased_by = %(worker)s, lease_token = gen_random_uuid(),
+        lease_expires_at = now() + %(lease)s, attempt_count = j.attempt_count + 1,
+        started_at = now(), heartbeat_at = now()
+    FROM taken
+    WHERE j.id = taken.id
+    RETURNING j.id, j.queue, j.owner, j.lane, j.type, j.mode, j.window_start, j.window_end,
+              j.cursor, j.attempt_count, j.throttle_count, j.processed_count, j.lease_token,
+              taken.status AS previous_status
 )
-UPDATE {schema}.jobs j
-SET status = 'running', leased_by = %(worker)s, lease_token = gen_random_uuid(),
-    lease_expires_at = now() + %(lease)s, attempt_count = j.attempt_count + 1,
-    started_at = now(), heartbeat_at = now()
-FROM taken
-WHERE j.id = taken.id
-RETURNING j.id, j.queue, j.owner, j.lane, j.type, j.mode, j.window_start, j.window_end,
-          j.cursor, j.attempt_count, j.throttle_count, j.processed_count, j.lease_token,
-          taken.status AS previous_status;
+SELECT (SELECT count(*) FROM done)::int AS completed, next.*
+FROM (SELECT) AS one LEFT JOIN next ON true;
 
 -- name: take_by_lane
 -- the same take when the front of the line waits behind busy lanes: visits each lane with open
