@@ -59,9 +59,10 @@ def measure(dsn: str, schema: str, rounds: int) -> list[float]:
             "worker": "bench",
             "lease": timedelta(minutes=5),
             "front": 64,
-            "done_id": None,  # a slot's first take: no job to complete in the same statement
-            "done_token": None,
-            "done_count": 0,
+            "plain": 1,  # one slot asking, with no finished job to complete in the statement
+            "done_ids": [],
+            "done_tokens": [],
+            "done_counts": [],
         }
 
         def take() -> Any:

@@ -88,12 +88,11 @@ class TakenJob:
 
 
 @dataclass(frozen=True)
-class Take:
-    """What one take statement did: whether it completed the slot's last job, and the job it
-    took, if any."""
+class Taken:
+    """What one take statement did: the ids it completed, the jobs it took (best first)."""
 
-    completed: bool
-    job: TakenJob | None
+    completed: frozenset[int]
+    jobs: list[TakenJob]
 
 
 class SchemaError(RuntimeError):
@@ -273,15 +272,15 @@ class Store:
         queue: str,
         worker: str,
         lease: timedelta,
-        done: Mapping[str, Any] | None = None,
-    ) -> Take:
-        """Takes one job, or none. Looks at the front of the line first, and lane by lane only
-        when the front waits behind busy lanes (or is empty).
-
-        `done` (id, token, count) is the slot's last job, finished: the front statement completes
-        it under its lease guard and takes in the same commit, and takes nothing when the
-        completion was refused (the lease was lost). Raises psycopg.errors.UniqueViolation when
-        another slot won the lane at the same instant; nothing was written then, the completion
+        done: Sequence[Mapping[str, Any]] = (),
+        plain: int = 1,
+    ) -> Taken:
+        """One statement for the slots of a worker that ask at the same instant: completes the
+        jobs in `done` (each with id, token and count) under their lease guards, and takes one
+        job for each completion that went through plus `plain` more, from the front of the line,
+        in distinct free lanes. May take fewer (the front waits behind busy lanes, or is short):
+        take_by_lane then looks further. Raises psycopg.errors.UniqueViolation when another
+        worker won a lane at the same instant; nothing was written then, the completions
         included, and the caller asks again."""
         cur = conn.cursor(row_factory=dict_row)
         params = {
@@ -289,21 +288,31 @@ class Store:
             "worker": worker,
             "lease": lease,
             "front": FRONT_SIZE,
-            "done_id": None if done is None else done["id"],
-            "done_token": None if done is None else done["token"],
-            "done_count": 0 if done is None else done["count"],
+            "plain": plain,
+            "done_ids": [job["id"] for job in done],
+            "done_tokens": [job["token"] for job in done],
+            "done_counts": [job["count"] for job in done],
         }
         await cur.execute(self.query("take_front"), params)
-        row = await cur.fetchone()
-        assert row is not None, "take_front always returns one row"
-        completed = bool(row.pop("completed"))
-        if row["id"] is not None:
-            return Take(completed, TakenJob(**row))
-        if done is not None and not completed:
-            return Take(False, None)
+        rows = await cur.fetchall()
+        jobs = []
+        for row in rows:
+            del row["priority"]
+            completed = row.pop("completed")
+            if row["id"] is not None:
+                jobs.append(TakenJob(**row))
+        return Taken(frozenset(completed), jobs)
+
+    async def a_take_by_lane(
+        self, conn: psycopg.AsyncConnection[Any], queue: str, worker: str, lease: timedelta
+    ) -> TakenJob | None:
+        """Takes one job looking lane by lane: for when the front of the line waits behind busy
+        lanes. Raises UniqueViolation like a_take."""
+        cur = conn.cursor(row_factory=dict_row)
+        params = {"queue": queue, "worker": worker, "lease": lease}
         await cur.execute(self.query("take_by_lane"), params)
         row = await cur.fetchone()
-        return Take(completed, None if row is None else TakenJob(**row))
+        return None if row is None else TakenJob(**row)
 
     async def a_guarded(
         self, conn: psycopg.AsyncConnection[Any], name: str, params: Mapping[str, Any]

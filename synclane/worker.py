@@ -28,7 +28,7 @@ from psycopg import errors
 from psycopg_pool import AsyncConnectionPool
 
 from synclane.model import MAX_ERROR_LENGTH, Abandon, ConfigError, Job, Page, Throttled, to_duration
-from synclane.store import WORKER_SESSION, Take, TakenJob
+from synclane.store import WORKER_SESSION, TakenJob
 
 if TYPE_CHECKING:
     from synclane.app import Queue, SyncLane
@@ -163,6 +163,7 @@ class Worker:
         self._started = 0  # jobs started so far
         self._planned: asyncio.Event | None = None
         self._stop_waiter: asyncio.Future[Any] | None = None
+        self._takers: dict[str, Taker] | None = None
 
     # -- life cycle -----------------------------------------------------------------------
 
@@ -196,6 +197,7 @@ class Worker:
         self._planned = asyncio.Event()
         # One waiter for the whole run: every page waits on it, none creates its own.
         self._stop_waiter = asyncio.ensure_future(self._stop.wait())
+        self._takers = {queue.name: Taker(self, queue) for queue in self.queues}
         slots = sum(q.settings.concurrency for q in self.queues)
         self._pool = AsyncConnectionPool(
             self.app.dsn,
@@ -244,6 +246,7 @@ class Worker:
             await asyncio.gather(*helpers, return_exceptions=True)
             for sig in installed:
                 loop.remove_signal_handler(sig)
+            await asyncio.gather(*(taker.idle() for taker in self._takers.values()))
             await self._pool.close()
             log.info("worker %s stopped: %s", self.app.worker_name, dict(self.report))
         return dict(self.report)
@@ -422,23 +425,9 @@ class Worker:
                     self._busy -= 1
 
     async def _take(self, queue: Queue) -> TakenJob | None:
-        took = await self._take_finishing(queue, None)
+        assert self._takers is not None
+        took = await self._takers[queue.name].take(None)
         return None if took is None else took.job
-
-    async def _take_finishing(self, queue: Queue, done: dict[str, Any] | None) -> Take | None:
-        """One take, completing `done` in the same statement when it is given. None: several
-        races for a lane in a row were lost, and nothing was written."""
-        assert self._pool is not None
-        for _ in range(20):
-            try:
-                async with self._pool.connection() as conn:
-                    return await self.app.store.a_take(
-                        conn, queue.name, self.app.worker_name, queue.settings.lease_duration, done
-                    )
-            except errors.UniqueViolation:
-                # Another slot won this lane in the same instant; the next best job is ours.
-                continue
-        return None
 
     async def _write(self, queue: Queue, name: str, params: dict[str, Any]) -> bool:
         """A guarded write, retried through a short database outage. False: lease lost."""
@@ -535,13 +524,14 @@ class Worker:
         """Marks the job completed and, unless the worker is stopping, takes the next job in
         the same statement (one commit a job). Raises LeaseLost when the completion is refused.
         """
+        assert self._takers is not None
         following = None
         completed: bool | None = None
         if not self.stopping:
             done = {"id": taken.id, "token": taken.lease_token, "count": count}
             asked = time.monotonic()
             try:
-                took = await self._take_finishing(queue, done)
+                took = await self._takers[queue.name].take(done)
             except psycopg.OperationalError:
                 # Whether it committed is unknown: the completion alone is retried below, through
                 # the outage. A job it may have taken is reclaimed when its lease expires.
@@ -565,6 +555,12 @@ class Worker:
         if await self._write(queue, "hand_back", params):
             self.report["handed_back"] += 1
             log.info("%s: handed back at cursor %r", describe(taken), cursor)
+
+    async def _give_back(self, queue: Queue, taken: TakenJob) -> None:
+        """Hands back a job no slot will run (its slot was cancelled while it was taken)."""
+        guard = {"id": taken.id, "token": taken.lease_token, "lease": queue.settings.lease_duration}
+        with contextlib.suppress(psycopg.Error, LeaseLost):
+            await self._hand_back(queue, taken, guard, taken.cursor)
 
     async def _throttle(
         self, queue: Queue, taken: TakenJob, guard: dict[str, Any], throttle: Throttled
@@ -676,6 +672,123 @@ class Worker:
                 "return Page(next_cursor, count)"
             )
         return result
+
+
+@dataclasses.dataclass(frozen=True)
+class Take:
+    """A slot's answer from its Taker: whether the job it finished was completed, and its next
+    job."""
+
+    completed: bool
+    job: TakenJob | None
+
+
+class Taker:
+    """Takes jobs for the slots of one queue in this worker. Slots that ask at the same instant
+    (their pages ended together) are served by one statement, which also completes the jobs they
+    have just finished: one commit for all of them, and one look at the front of the line."""
+
+    def __init__(self, worker: Worker, queue: Queue) -> None:
+        self.worker = worker
+        self.queue = queue
+        self._waiting: list[tuple[dict[str, Any] | None, asyncio.Future[Take | None]]] = []
+        self._serving: asyncio.Task[None] | None = None
+
+    async def take(self, done: dict[str, Any] | None) -> Take | None:
+        """The next job, completing `done` (id, token, count) in the same statement when given.
+        None: several races for a lane in a row were lost, and nothing was written."""
+        future: asyncio.Future[Take | None] = asyncio.get_running_loop().create_future()
+        self._waiting.append((done, future))
+        if self._serving is None:
+            self._serving = asyncio.create_task(self._serve())
+        return await future
+
+    async def idle(self) -> None:
+        """Wait until no statement is in flight (before the pool closes)."""
+        if self._serving is not None:
+            await asyncio.wait({self._serving})
+
+    async def _serve(self) -> None:
+        try:
+            await asyncio.sleep(0)  # let every slot whose page ended in this instant ask too
+            while self._waiting:
+                batch, self._waiting = self._waiting, []
+                try:
+                    outcomes = await self._statement([done for done, _ in batch])
+                except Exception as error:
+                    for _, future in batch:
+                        if not future.done():
+                            future.set_exception(error)
+                    continue
+                for (_, future), outcome in zip(batch, outcomes, strict=True):
+                    if not future.done():
+                        future.set_result(outcome)
+                    elif outcome is not None and outcome.job is not None:
+                        # The slot was cancelled while the statement ran: nobody runs this job.
+                        await self.worker._give_back(self.queue, outcome.job)
+        except BaseException:
+            # Cancelled itself: no slot may wait forever for an answer.
+            for _, future in self._waiting:
+                future.cancel()
+            self._waiting = []
+            raise
+        finally:
+            self._serving = None
+
+    async def _statement(self, requests: list[dict[str, Any] | None]) -> list[Take | None]:
+        worker, queue = self.worker, self.queue
+        store, pool = worker.app.store, worker._pool
+        assert pool is not None
+        name, lease = worker.app.worker_name, queue.settings.lease_duration
+        done = [request for request in requests if request is not None]
+        for _ in range(20):
+            try:
+                async with pool.connection() as conn:
+                    taken = await store.a_take(
+                        conn, queue.name, name, lease, done, len(requests) - len(done)
+                    )
+                break
+            except errors.UniqueViolation:
+                # Another worker won a lane in the same instant: nothing was written, ask again.
+                continue
+        else:
+            return [None] * len(requests)
+        jobs = iter(taken.jobs)
+        outcomes: list[Take | None] = []
+        for request in requests:
+            completed = request is not None and request["id"] in taken.completed
+            if request is not None and not completed:
+                outcomes.append(Take(False, None))  # its lease was lost: it takes nothing
+            else:
+                outcomes.append(Take(completed, next(jobs, None)))
+        # Slots the front of the line could not serve look lane by lane, until a look finds
+        # nothing.
+        for number, outcome in enumerate(outcomes):
+            if outcome is None or outcome.job is not None:
+                continue
+            if requests[number] is not None and not outcome.completed:
+                continue
+            try:
+                job = await self._by_lane()
+            except psycopg.OperationalError:
+                job = None  # the front's outcome stands; these slots ask again later
+            if job is None:
+                break
+            outcomes[number] = Take(outcome.completed, job)
+        return outcomes
+
+    async def _by_lane(self) -> TakenJob | None:
+        worker, queue = self.worker, self.queue
+        assert worker._pool is not None
+        for _ in range(20):
+            try:
+                async with worker._pool.connection() as conn:
+                    return await worker.app.store.a_take_by_lane(
+                        conn, queue.name, worker.app.worker_name, queue.settings.lease_duration
+                    )
+            except errors.UniqueViolation:
+                continue
+        return None
 
 
 def _start_page(handler: Callable[[Job], Any], job: Job) -> asyncio.Future[Any]:

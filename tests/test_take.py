@@ -1,4 +1,4 @@
-"""The take statement: completing a slot's last job and taking the next in one commit."""
+"""The take statement: completing slots' last jobs and taking their next ones in one commit."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from psycopg import errors, sql
 from workers import job_row
 
 from synclane import Page, SyncLane
-from synclane.store import WORKER_SESSION, Store, Take
+from synclane.store import WORKER_SESSION, Store, Taken
 
 LEASE = timedelta(minutes=5)
 
@@ -32,27 +32,30 @@ def _insert(db: psycopg.Connection[Any], schema: str, lanes: list[str]) -> list[
     return [row[0] for row in rows]
 
 
-async def _take(dsn: str, schema: str, done: dict[str, Any] | None = None) -> Take:
+async def _take(
+    dsn: str, schema: str, done: list[dict[str, Any]] | None = None, plain: int | None = None
+) -> Taken:
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
         for setting in WORKER_SESSION:
             await conn.execute(setting)
-        return await Store(schema).a_take(conn, "shops", "worker-1", LEASE, done)
+        done = done or []
+        wanted = (0 if done else 1) if plain is None else plain
+        return await Store(schema).a_take(conn, "shops", "worker-1", LEASE, done, wanted)
 
 
-def _done(took: Take) -> dict[str, Any]:
-    assert took.job is not None
-    return {"id": took.job.id, "token": took.job.lease_token, "count": 3}
+def _done(took: Taken) -> list[dict[str, Any]]:
+    return [{"id": job.id, "token": job.lease_token, "count": 3} for job in took.jobs]
 
 
 def test_completing_takes_the_next_job_of_the_same_lane_in_the_same_commit(app, dsn, db, schema):
     first, second = _insert(db, schema, ["acme", "acme"])
     took = asyncio.run(_take(dsn, schema))
-    assert took.job is not None and took.job.id == first and not took.completed
+    assert [job.id for job in took.jobs] == [first] and not took.completed
 
     following = asyncio.run(_take(dsn, schema, _done(took)))
 
-    assert following.completed
-    assert following.job is not None and following.job.id == second
+    assert following.completed == {first}
+    assert [job.id for job in following.jobs] == [second]
     done, running = job_row(db, schema, first), job_row(db, schema, second)
     assert (done["status"], done["processed_count"], done["lease_token"]) == ("completed", 3, None)
     assert running["status"] == "running"
@@ -63,27 +66,29 @@ def test_completing_takes_the_next_job_of_the_same_lane_in_the_same_commit(app, 
 def test_a_refused_completion_takes_nothing_and_writes_nothing(app, dsn, db, schema):
     first, second = _insert(db, schema, ["acme", "globex"])
     took = asyncio.run(_take(dsn, schema))
-    assert took.job is not None and took.job.id == first
+    assert [job.id for job in took.jobs] == [first]
     stolen = {"id": first, "token": uuid4(), "count": 1}  # a lease this worker no longer holds
 
-    following = asyncio.run(_take(dsn, schema, stolen))
+    following = asyncio.run(_take(dsn, schema, [stolen]))
 
-    assert following == Take(False, None)
+    assert following == Taken(frozenset(), [])
     assert job_row(db, schema, first)["status"] == "running"
     assert job_row(db, schema, second)["status"] == "pending"
 
 
 def test_a_lost_race_for_a_lane_rolls_the_completion_back(app, dsn, db, schema):
-    # The slot finishes its acme job; another slot takes globex's first job at the same time.
-    mine, theirs, next_of_theirs = _insert(db, schema, ["acme", "globex", "globex"])
+    # The slot finishes its acme job while another worker takes a globex job: not the one this
+    # statement sees at the head of globex (that one would be skipped as locked), but another of
+    # that lane, as a look lane by lane may.
+    mine, head_of_globex, other_of_globex = _insert(db, schema, ["acme", "globex", "globex"])
     took = asyncio.run(_take(dsn, schema))
-    assert took.job is not None and took.job.id == mine
+    assert [job.id for job in took.jobs] == [mine]
     rival = psycopg.connect(dsn)  # a transaction that holds globex's lane, not yet committed
     rival.execute(
         sql.SQL(
             "UPDATE {} SET status = 'running', lease_token = gen_random_uuid() WHERE id = %s"
         ).format(sql.Identifier(schema, "jobs")),
-        [theirs],
+        [other_of_globex],
     )
     outcome: dict[str, Any] = {}
 
@@ -93,27 +98,56 @@ def test_a_lost_race_for_a_lane_rolls_the_completion_back(app, dsn, db, schema):
         except errors.UniqueViolation as error:
             outcome["error"] = error
 
-    # The statement skips the locked row, picks globex's next job, and waits on the rival's
-    # entry in the running-lane index until the rival commits.
+    # The statement takes globex's head and waits on the rival's entry in the running-lane
+    # index until the rival commits.
     finishing = threading.Thread(target=finish)
     finishing.start()
     finishing.join(timeout=1)
-    assert finishing.is_alive(), "the take should wait for the rival's lane entry"
+    waited = finishing.is_alive()
     rival.commit()
     rival.close()
     finishing.join(timeout=30)
+    assert waited, f"the take should have waited for the rival's lane entry: {outcome}"
 
     assert isinstance(outcome.get("error"), errors.UniqueViolation)
     # Nothing was written: the job is still this slot's, and can be completed again.
     row = job_row(db, schema, mine)
-    assert (row["status"], row["lease_token"]) == ("running", took.job.lease_token)
-    assert job_row(db, schema, next_of_theirs)["status"] == "pending"
+    assert (row["status"], row["lease_token"]) == ("running", took.jobs[0].lease_token)
+    assert job_row(db, schema, head_of_globex)["status"] == "pending"
     again = asyncio.run(_take(dsn, schema, _done(took)))
-    assert again.completed and job_row(db, schema, mine)["status"] == "completed"
+    assert again.completed == {mine} and job_row(db, schema, mine)["status"] == "completed"
+
+
+def test_one_statement_serves_several_slots_in_distinct_lanes_best_first(app, dsn, db, schema):
+    # Taking order is by id here: acme, acme, globex, initech, umbrella, initech.
+    ids = _insert(db, schema, ["acme", "acme", "globex", "initech", "umbrella", "initech"])
+    first = asyncio.run(_take(dsn, schema, plain=2))
+    assert [job.id for job in first.jobs] == [ids[0], ids[2]]  # acme's second waits for acme
+
+    # Two slots finish, one more asks with nothing to finish: three jobs, one commit.
+    second = asyncio.run(_take(dsn, schema, _done(first), plain=1))
+
+    assert second.completed == {ids[0], ids[2]}
+    assert [job.id for job in second.jobs] == [ids[1], ids[3], ids[4]]
+    assert len({job.lane for job in second.jobs}) == 3
+    started = {job_row(db, schema, job.id)["started_at"] for job in second.jobs}
+    assert started == {job_row(db, schema, ids[0])["completed_at"]}
+
+
+def test_a_statement_takes_no_more_than_the_slots_that_asked(app, dsn, db, schema):
+    ids = _insert(db, schema, ["acme", "globex", "initech"])
+    took = asyncio.run(_take(dsn, schema, plain=2))
+    refused = [{"id": took.jobs[0].id, "token": uuid4(), "count": 1}]
+
+    # One refused completion and one slot with nothing to finish: one job, not two.
+    following = asyncio.run(_take(dsn, schema, refused, plain=1))
+
+    assert following.completed == frozenset()
+    assert [job.id for job in following.jobs] == [ids[2]]
 
 
 @pytest.mark.parametrize("lanes", [1, 3])
-def test_a_worker_takes_each_next_job_in_the_statement_that_completes_the_last(
+def test_a_slot_takes_each_next_job_in_the_statement_that_completes_the_last(
     dsn: str, db: psycopg.Connection[Any], schema: str, lanes: int
 ) -> None:
     app = SyncLane(dsn, schema=schema, poll_interval=0.05, plan_interval=3600)
@@ -135,3 +169,36 @@ def test_a_worker_takes_each_next_job_in_the_statement_that_completes_the_last(
     ).fetchall()
     # Each job started in the transaction that completed the one before it.
     assert all(rows[n][1] == rows[n + 1][0] for n in range(len(rows) - 1))
+
+
+def test_slots_that_finish_together_share_one_statement(
+    dsn: str, db: psycopg.Connection[Any], schema: str
+) -> None:
+    app = SyncLane(dsn, schema=schema, poll_interval=0.05, plan_interval=3600)
+    queue = app.queue("shops", concurrency=4)
+    running: set[str] = set()
+    overlaps: list[str] = []
+
+    @queue.snapshot("orders", every=3600)
+    async def orders(job: Any) -> Page:
+        if job.lane in running:
+            overlaps.append(job.lane)
+        running.add(job.lane)
+        await asyncio.sleep(0.01)
+        running.discard(job.lane)
+        return Page(None, 1)
+
+    _insert(db, schema, [f"lane-{n % 6}" for n in range(48)])
+    try:
+        assert app.run_worker(until_idle=True) == {"completed": 48}
+    finally:
+        app.close()
+    assert overlaps == []
+    rows = db.execute(
+        sql.SQL("SELECT started_at, count(*) FROM {} GROUP BY started_at").format(
+            sql.Identifier(schema, "jobs")
+        )
+    ).fetchall()
+    # Four slots started together and finish together: their jobs share transactions.
+    assert max(count for _, count in rows) > 1
+    assert len(rows) < 48

@@ -35,6 +35,14 @@ def _run_three_lanes(dsn: str, schema: str, db: psycopg.Connection[Any]) -> int:
     for number in range(600):
         app.enqueue("q", f"owner-{number % 6}", "sync", lane=f"lane-{number % 3}")
     app.close()
+    # Jobs fall due one after another over a few seconds, so the best due job of a lane changes
+    # while workers take: two takers whose snapshots are a moment apart can then choose two
+    # different jobs of one free lane, a race only the running-lane index settles.
+    db.execute(
+        sql.SQL("UPDATE {} SET next_run_at = now() + random() * interval '4 seconds'").format(
+            sql.Identifier(schema, "jobs")
+        )
+    )
     with worker_processes(settings, 3):
         wait_for(
             lambda: (

@@ -299,47 +299,52 @@ LEFT JOIN {schema}.jobs r ON r.queue = o.queue AND r.lane = o.lane AND r.status 
 ORDER BY o.queue, o.lane;
 
 -- name: take_front
--- takes the best due job of a free lane from the front of the line and marks it running under a
--- fresh lease token. When %(done_id)s is set, the same statement (and commit) first completes the
--- slot's last job, under its lease guard, and takes only if that completion went through: a job
--- then costs one commit, not two. Two takers of one lane may both pass this query, and the
--- running-lane index lets only one of them commit: the other gets a unique violation, its
--- completion rolls back with it, and it asks again. One row always comes back: completed (0 or
--- 1) and the taken job's columns, NULL when nothing was taken.
+-- serves the slots of one worker that ask at the same instant, in one statement and one commit:
+-- first completes each job in %(done_ids)s under its lease guard (its slot has just finished it),
+-- then takes one job for each completion that went through and for each of %(plain)s slots that
+-- asked with nothing to complete. It takes the best due jobs of distinct free lanes from the
+-- front of the line and marks them running under fresh lease tokens. Two takers of one lane may
+-- both pass this query, and the running-lane index lets only one of them commit: the other gets
+-- a unique violation, its completions roll back with it, and it asks again. One row always comes
+-- back; every row carries the ids completed, and a taken job's columns (NULL when none).
 WITH done AS (
-    UPDATE {schema}.jobs
-    SET status = 'completed', processed_count = processed_count + %(done_count)s, error = NULL,
+    UPDATE {schema}.jobs j
+    SET status = 'completed', processed_count = j.processed_count + d.count, error = NULL,
         completed_at = now(), heartbeat_at = now(),
         leased_by = NULL, lease_token = NULL, lease_expires_at = NULL
-    WHERE id = %(done_id)s AND lease_token = %(done_token)s AND status = 'running'
-    RETURNING id
+    FROM unnest(%(done_ids)s::bigint[], %(done_tokens)s::uuid[], %(done_counts)s::bigint[])
+         AS d (id, token, count)
+    WHERE j.id = d.id AND j.lease_token = d.token AND j.status = 'running'
+    RETURNING j.id
 ),
 busy AS MATERIALIZED (
-    -- the job completed above no longer holds its lane: its next job may be taken at once
+    -- the jobs completed above no longer hold their lanes: their next jobs may be taken at once
     SELECT lane FROM {schema}.jobs
-    WHERE queue = %(queue)s AND status = 'running' AND id <> coalesce(%(done_id)s::bigint, 0)
+    WHERE queue = %(queue)s AND status = 'running' AND id <> ALL (%(done_ids)s::bigint[])
     UNION ALL
     SELECT lane FROM {schema}.jobs
     WHERE queue = %(queue)s AND status = 'cancelled' AND lease_token IS NOT NULL
       AND lease_expires_at > now()
 ),
 front AS (
-    SELECT f.id FROM (
-        SELECT id, lane, next_run_at FROM {schema}.jobs
+    -- the best job of each free lane among the first %(front)s in taking order
+    SELECT DISTINCT ON (f.lane) f.id FROM (
+        SELECT id, lane, next_run_at, priority, window_start FROM {schema}.jobs
         WHERE queue = %(queue)s AND status IN ('pending', 'failed')
         ORDER BY priority, window_start DESC NULLS LAST, id
         LIMIT %(front)s
     ) f
     WHERE f.next_run_at <= now() AND f.lane NOT IN (SELECT lane FROM busy)
+    ORDER BY f.lane, f.priority, f.window_start DESC NULLS LAST, f.id
 ),
 taken AS (
-    -- the completion runs first (this condition reads it before any row is taken), so its
-    -- lane is free in the running-lane index when the same lane's next job is marked running
+    -- the limit reads the completions first, so they have freed their lanes in the
+    -- running-lane index before any job of the same lane is marked running
     SELECT j.id, j.status FROM {schema}.jobs j
     WHERE j.id = ANY (ARRAY(SELECT id FROM front)) AND j.status IN ('pending', 'failed')
-      AND (%(done_id)s::bigint IS NULL OR (SELECT count(*) FROM done) = 1)
     ORDER BY j.priority, j.window_start DESC NULLS LAST, j.id
-    LIMIT 1 FOR UPDATE SKIP LOCKED
+    LIMIT (SELECT %(plain)s::int + count(*) FROM done)
+    FOR UPDATE SKIP LOCKED
 ),
 next AS (
     UPDATE {schema}.jobs j
@@ -350,10 +355,11 @@ next AS (
     WHERE j.id = taken.id
     RETURNING j.id, j.queue, j.owner, j.lane, j.type, j.mode, j.window_start, j.window_end,
               j.cursor, j.attempt_count, j.throttle_count, j.processed_count, j.lease_token,
-              taken.status AS previous_status
+              taken.status AS previous_status, j.priority
 )
-SELECT (SELECT count(*) FROM done)::int AS completed, next.*
-FROM (SELECT) AS one LEFT JOIN next ON true;
+SELECT ARRAY(SELECT id FROM done) AS completed, next.*
+FROM (SELECT) AS one LEFT JOIN next ON true
+ORDER BY next.priority, next.window_start DESC NULLS LAST, next.id;
 
 -- name: take_by_lane
 -- the same take when the front of the line waits behind busy lanes: visits each lane with open
