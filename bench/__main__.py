@@ -56,7 +56,10 @@ def main() -> None:
         sections = [
             ("Planning (`python -m bench.plan`)", plan.main()),
             ("Taking a job (`python -m bench.take`)", take.main()),
-            ("Throughput (`python -m bench.throughput`)", throughput.main()),
+            (
+                "Throughput, against pgbench and peers (`python -m bench.throughput`)",
+                throughput.main(),
+            ),
             ("Worker footprint (`python -m bench.footprint`)", footprint.main()),
             ("Notebook SDK (`python -m bench.sdk`)", sdk.main()),
         ]
