@@ -29,9 +29,13 @@ from bench.common import bench_dsn, fresh_schema
 
 PGBENCH_DB = "synclane_pgbench"
 PEERS = ("procrastinate", "pgqueuer")
+UNEVEN_PAGE = 0.002  # seconds: the longest page of the out-of-step run
 
 
-def _worker(dsn: str, schema: str, ready: Any) -> None:
+def _worker(dsn: str, schema: str, ready: Any, page_sleep: float) -> None:
+    import asyncio
+    import random
+
     from synclane import Page, SyncLane
 
     app = SyncLane(dsn, schema=schema, poll_interval=0.05, plan_interval=3600)
@@ -39,14 +43,19 @@ def _worker(dsn: str, schema: str, ready: Any) -> None:
 
     @queue.snapshot("noop", every=86400)
     async def noop(job: Any) -> Page:
+        if page_sleep:
+            await asyncio.sleep(random.uniform(0, page_sleep))
         return Page(None, 1)
 
     ready.set()
     app.run_worker(stop_after=600)
 
 
-def synclane_rate(dsn: str, jobs: int, lanes: int = 50, processes: int = 2) -> tuple[float, float]:
-    """Jobs per second, and jobs per take statement."""
+def synclane_rate(
+    dsn: str, jobs: int, lanes: int = 50, processes: int = 2, page_sleep: float = 0.0
+) -> tuple[float, float]:
+    """Jobs per second, and jobs per take statement. With page_sleep, each page waits a random
+    time up to that many seconds, so that slots finish out of step."""
     with fresh_schema(dsn) as schema:
         from synclane import SyncLane
 
@@ -63,7 +72,10 @@ def synclane_rate(dsn: str, jobs: int, lanes: int = 50, processes: int = 2) -> t
             conn.execute(sql.SQL("VACUUM ANALYZE {}").format(sql.Identifier(schema, "jobs")))
         context = multiprocessing.get_context("spawn")
         events = [context.Event() for _ in range(processes)]
-        workers = [context.Process(target=_worker, args=(dsn, schema, event)) for event in events]
+        workers = [
+            context.Process(target=_worker, args=(dsn, schema, event, page_sleep))
+            for event in events
+        ]
         for worker in workers:
             worker.start()
         with psycopg.connect(dsn, autocommit=True) as conn:
@@ -120,11 +132,15 @@ def main(jobs: int = 4000, rounds: int = 3, pgbench_seconds: int = 10) -> list[s
 
     dsn = bench_dsn()
     rates: dict[str, list[float]] = {"synclane": [], "pgbench": [], **{p: [] for p in PEERS}}
-    takes = []
+    takes: dict[str, list[float]] = {"in step": [], "out of step": []}
+    uneven: list[float] = []
     for number in range(rounds):
         rate, per_take = synclane_rate(dsn, jobs)
         rates["synclane"].append(rate)
-        takes.append(per_take)
+        takes["in step"].append(per_take)
+        rate, per_take = synclane_rate(dsn, jobs, page_sleep=UNEVEN_PAGE)
+        uneven.append(rate)
+        takes["out of step"].append(per_take)
         rates["pgbench"].append(pgbench_tps(dsn, pgbench_seconds))
         rates["procrastinate"].append(peers.procrastinate_rate(dsn, jobs))
         rates["pgqueuer"].append(peers.pgqueuer_rate(dsn, jobs))
@@ -139,7 +155,11 @@ def main(jobs: int = 4000, rounds: int = 3, pgbench_seconds: int = 10) -> list[s
         f"synclane, 50 lanes, 2 processes × 4 slots: median {median['synclane']:.0f} jobs/s",
         f"pgbench -N -c 4: median {median['pgbench']:.0f} TPS",
         f"ratio: {median['synclane'] / median['pgbench']:.2f} (goal >= 0.5)",
-        f"synclane jobs per take statement (and commit): median {statistics.median(takes):.1f}",
+        f"synclane jobs per take statement (and commit): median "
+        f"{statistics.median(takes['in step']):.1f}",
+        f"synclane, pages of 0–{UNEVEN_PAGE * 1000:.0f} ms at random (slots out of step): median "
+        f"{statistics.median(uneven):.0f} jobs/s, "
+        f"{statistics.median(takes['out of step']):.1f} jobs per take statement",
         *(
             f"{name} {version(name)}, 2 processes × 4: median {median[name]:.0f} jobs/s"
             for name in PEERS
