@@ -17,7 +17,7 @@ from psycopg.rows import dict_row
 from synclane.model import ConfigError, unstorable
 from synclane.planning import NewJob
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2 added the index jobs_open_lanes
 # How many jobs at the front of the line the take statement looks at before it searches lane by
 # lane (see docs/performance.md: the front answers in well under a millisecond).
 FRONT_SIZE = 64

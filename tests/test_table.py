@@ -11,6 +11,7 @@ import apps
 import psycopg
 import pytest
 from psycopg import errors, sql
+from test_security import operations_sql
 
 from synclane import Job, Owner, Page, SchemaError, SyncLane
 from synclane.store import SCHEMA_VERSION, schema_ddl
@@ -108,7 +109,7 @@ def test_a_schema_version_row_is_recorded(app, db, schema):
             table(schema, "schema_version")
         )
     ).fetchall()
-    assert rows == [(1, True)]
+    assert rows == [(SCHEMA_VERSION, True)]
 
 
 def test_create_schema_false_on_a_missing_schema_fails_with_a_clear_error(dsn, db, schema):
@@ -193,7 +194,71 @@ def test_docs_schema_sql_applies_and_can_be_applied_again(db):
         db.execute(ddl)
         db.execute(ddl)
         row = db.execute('SELECT max(version) FROM "synclane".schema_version').fetchone()
-        assert row == (1,)
+        assert row == (SCHEMA_VERSION,)
+
+
+def _make_version_1(db: psycopg.Connection, schema: str) -> None:
+    """What synclane 0.1 left: the same table without jobs_open_lanes, at version 1."""
+    db.execute(sql.SQL("DROP INDEX {}").format(sql.Identifier(schema, "jobs_open_lanes")))
+    db.execute(sql.SQL("DELETE FROM {}").format(table(schema, "schema_version")))
+    db.execute(
+        sql.SQL("INSERT INTO {} (version) VALUES (1)").format(table(schema, "schema_version"))
+    )
+
+
+def _has_index(db: psycopg.Connection, schema: str, name: str) -> bool:
+    found = db.execute(
+        "SELECT count(*) FROM pg_indexes WHERE schemaname = %s AND indexname = %s", [schema, name]
+    ).fetchone()
+    return found == (1,)
+
+
+def test_a_version_1_schema_is_upgraded_in_place_and_keeps_its_rows(app, db, dsn, schema):
+    job_id = insert_job(db, schema)
+    _make_version_1(db, schema)
+
+    upgraded = SyncLane(dsn, schema=schema)
+    try:
+        assert upgraded.migrate() == SCHEMA_VERSION
+    finally:
+        upgraded.close()
+
+    assert _has_index(db, schema, "jobs_open_lanes")
+    versions = db.execute(
+        sql.SQL("SELECT version FROM {} ORDER BY version").format(table(schema, "schema_version"))
+    ).fetchall()
+    assert versions == [(1,), (SCHEMA_VERSION,)]
+    assert db.execute(sql.SQL("SELECT id FROM {}").format(table(schema))).fetchall() == [(job_id,)]
+
+
+def test_the_documented_concurrent_index_build_then_migrate_upgrades(app, db, dsn, schema):
+    _make_version_1(db, schema)
+
+    db.execute(operations_sql("upgrade_2", schema))  # docs/operations.md, as written
+    upgraded = SyncLane(dsn, schema=schema)
+    try:
+        assert upgraded.migrate() == SCHEMA_VERSION
+    finally:
+        upgraded.close()
+
+    assert _has_index(db, schema, "jobs_open_lanes")
+    definition = db.execute(
+        "SELECT indexdef FROM pg_indexes WHERE schemaname = %s AND indexname = 'jobs_open_lanes'",
+        [schema],
+    ).fetchone()
+    assert definition is not None and "(queue, lane)" in definition[0]
+
+
+def test_create_schema_false_on_a_version_1_schema_asks_for_a_migration(app, db, dsn, schema):
+    _make_version_1(db, schema)
+
+    older = SyncLane(dsn, schema=schema, create_schema=False)
+    try:
+        with pytest.raises(SchemaError, match=r"version 1, this synclane needs 2: run app.migr"):
+            older.check_schema()
+    finally:
+        older.close()
+    assert not _has_index(db, schema, "jobs_open_lanes")
 
 
 @pytest.mark.processes
