@@ -1,5 +1,5 @@
 """The notebook SDK behind `SyncLane.jobs`, `progress`, `failures`, `depth`, `lanes`, `coverage`
-and `throughput`: each checks its filters, runs one statement of sql/queries.sql that aggregates
+and `throughput`: each checks its filters, runs one statement of sql/reads.sql that aggregates
 in the database, and returns a typed DataFrame (synclane.frames). docs/sdk.md has every column.
 
 Imported only when a frame is asked for, so `import synclane` and the workers never load pandas.

@@ -41,12 +41,26 @@ def _read(filename: str) -> str:
 
 
 def load_queries(text: str) -> dict[str, str]:
-    """Split queries.sql at its `-- name: x` headers."""
+    """Split a file of statements at its `-- name: x` headers."""
     parts = _NAME.split(text)
     return {name: body.strip() for name, body in zip(parts[1::2], parts[2::2], strict=True)}
 
 
-QUERIES = load_queries(_read("queries.sql"))
+def _load_all() -> dict[str, str]:
+    """Every statement of every sql/*.sql file but the schema, by name; a name is used once."""
+    found: dict[str, str] = {}
+    folder = resources.files("synclane").joinpath("sql")
+    for entry in sorted(folder.iterdir(), key=lambda e: e.name):
+        if not entry.name.endswith(".sql") or entry.name == "schema.sql":
+            continue
+        for name, text in load_queries(entry.read_text(encoding="utf-8")).items():
+            if name in found:
+                raise RuntimeError(f"statement {name!r} is named twice in synclane/sql/")
+            found[name] = text
+    return found
+
+
+QUERIES = _load_all()
 SCHEMA_SQL = _read("schema.sql")
 
 

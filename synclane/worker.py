@@ -1,7 +1,7 @@
 """Worker slots: take the best job of a free lane, run it page by page under a lease, finish.
 
 Every write about a running job is guarded by its id, its lease token and status = 'running'
-(statements in sql/queries.sql); a write that matches no row means the lease was lost, and the
+(statements in sql/taking.sql); a write that matches no row means the lease was lost, and the
 slot stops that job at once without writing anything more.
 """
 

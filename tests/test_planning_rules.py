@@ -1,7 +1,7 @@
 """The planning rule of docs/planning.md, pinned without a database.
 
 `Table` below keeps rows in memory and derives `Existing` from them exactly as the planner's one
-read (`plan_read` in synclane/sql/queries.sql) does, and inserts like `ON CONFLICT DO NOTHING`:
+read (`plan_read` in synclane/sql/planning.sql) does, and inserts like `ON CONFLICT DO NOTHING`:
 a row whose (owner, type, dedup_key) exists is skipped. The property tests drive it with random
 sequences of plans, time passing, horizon changes and jobs finishing, and check after every step
 that the three mistakes of the rule (duplicates, gaps, shifts) never happen.

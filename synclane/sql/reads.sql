@@ -1,0 +1,281 @@
+-- Reads for the notebook SDK, the command line and the page; each aggregates in the database.
+-- Each statement is loaded by name into synclane.store; {schema} is the schema, quoted as an
+-- identifier. The line under each name says what the statement guarantees.
+
+-- name: list_jobs
+-- jobs, newest first, filtered, at most `limit` rows; an error is cut to its first line (at most
+-- `error_width` characters, "…" where cut) unless full_errors; durations on the database clock
+SELECT id, queue, owner, lane, type, mode, status, window_start, window_end, cursor,
+       processed_count, attempt_count, throttle_count,
+       now() - created_at AS age,
+       CASE WHEN status = 'running' THEN now() - started_at END AS running_for,
+       next_run_at,
+       CASE WHEN %(full_errors)s OR error IS NULL
+                 OR (strpos(error, E'\n') = 0 AND length(error) <= %(error_width)s) THEN error
+            ELSE left(split_part(error, E'\n', 1), %(error_width)s - 1) || '…' END AS error,
+       leased_by, lease_expires_at, created_at, started_at, heartbeat_at, completed_at,
+       priority, dedup_key, lease_token
+FROM {schema}.jobs
+WHERE (%(queue)s::text IS NULL OR queue = %(queue)s)
+  AND (%(owner)s::text IS NULL OR owner = %(owner)s)
+  AND (%(type)s::text IS NULL OR type = %(type)s)
+  AND (%(lane)s::text IS NULL OR lane = %(lane)s)
+  AND (%(statuses)s::text[] IS NULL OR status = ANY (%(statuses)s::text[]))
+  AND (%(ids)s::bigint[] IS NULL OR id = ANY (%(ids)s::bigint[]))
+  AND created_at >= coalesce(%(since)s::timestamptz, now() - %(since_ago)s::interval, '-infinity')
+  AND created_at < coalesce(%(until)s::timestamptz, now() - %(until_ago)s::interval, 'infinity')
+ORDER BY id DESC
+LIMIT %(limit)s;
+
+-- name: progress
+-- how far the first load (the history slices, mode 'initial') of each owner and type is: counts,
+-- records, the unbroken loaded span, a state and an ETA, aggregated in the database in one pass
+-- over the history slices (refreshes never count), plus an index lookup for the rare owner whose
+-- newest slice is stuck while older ones loaded
+WITH counted AS (
+    SELECT owner, type,
+           count(*) AS slices_total,
+           count(*) FILTER (WHERE status = 'completed') AS slices_completed,
+           count(*) FILTER (WHERE status IN ('pending', 'running')) AS slices_open,
+           count(*) FILTER (WHERE status IN ('failed', 'deferred')) AS slices_retrying,
+           count(*) FILTER (WHERE status = 'abandoned') AS slices_abandoned,
+           bool_or(status = 'deferred'
+                   OR (status = 'failed' AND coalesce(error, '') NOT LIKE 'Throttled%%'))
+               AS failing,
+           -- a throttle fails its job with a Throttled error and pushes every other open job
+           -- of the lane to the same time; nothing else leaves a pending job waiting
+           bool_or(next_run_at > now()
+                   AND (status = 'pending'
+                        OR (status IN ('failed', 'deferred') AND error LIKE 'Throttled%%')))
+               AS paused,
+           coalesce(sum(processed_count), 0)::bigint AS records,
+           max(window_end) FILTER (WHERE status = 'completed') AS coverage_end,
+           min(window_start) AS history_start,
+           max(window_end) FILTER (WHERE status <> 'completed') AS newest_gap_end,
+           count(*) FILTER (WHERE status = 'completed' AND completed_at > now() - %(recent)s)
+               AS recent_slices,
+           min(started_at) FILTER (WHERE status = 'completed' AND completed_at > now() - %(recent)s)
+               AS recent_since,
+           max(completed_at) FILTER (WHERE status = 'completed') AS last_completed_at
+    FROM {schema}.jobs
+    WHERE queue = %(queue)s AND mode = 'initial'
+      AND (%(owner)s::text IS NULL OR owner = %(owner)s)
+      AND (%(type)s::text IS NULL OR type = %(type)s)
+    GROUP BY owner, type
+),
+stated AS (
+    SELECT c.*,
+           slices_retrying + slices_abandoned AS slices_failed,
+           slices_total - slices_completed - slices_open - slices_retrying - slices_abandoned
+               AS slices_cancelled,
+           slices_open + slices_retrying AS remaining,
+           CASE WHEN slices_completed = slices_total THEN 'loaded'
+                WHEN slices_abandoned > 0 THEN 'abandoned'
+                WHEN failing THEN 'failing'
+                WHEN slices_open + slices_retrying = 0 THEN 'cancelled'
+                WHEN paused THEN 'throttled'
+                WHEN slices_completed = 0 THEN 'connecting'
+                ELSE 'loading' END AS state,
+           -- slices tile history without gaps or overlaps, so the loaded span runs back from
+           -- the newest loaded slice to the end of the newest slice below it that is not loaded
+           CASE WHEN newest_gap_end <= coverage_end THEN newest_gap_end
+                ELSE (SELECT g.window_end FROM {schema}.jobs g
+                      WHERE newest_gap_end > coverage_end
+                        AND g.queue = %(queue)s AND g.owner = c.owner AND g.type = c.type
+                        AND g.window_end <= c.coverage_end
+                        AND g.mode = 'initial' AND g.status <> 'completed'
+                      ORDER BY g.window_end DESC LIMIT 1) END AS gap_end
+    FROM counted c
+)
+SELECT owner, type, state,
+       round(100.0 * slices_completed / slices_total, 1)::float8 AS percent,
+       slices_total, slices_completed, slices_failed, slices_open, slices_cancelled, records,
+       CASE WHEN coverage_end IS NOT NULL THEN coalesce(gap_end, history_start) END
+           AS coverage_start,
+       coverage_end,
+       CASE WHEN state = 'loaded' THEN interval '0'
+            WHEN remaining > 0 AND recent_slices > 0
+            THEN date_trunc('second', (now() - recent_since) * remaining / recent_slices) END
+           AS eta,
+       last_completed_at
+FROM stated
+WHERE (%(states)s::text[] IS NULL OR state = ANY (%(states)s::text[]))
+ORDER BY owner, type;
+
+-- name: open_jobs
+-- how many jobs of these queues have not finished (from the partial index of open rows)
+SELECT count(*) FROM {schema}.jobs
+WHERE queue = ANY (%(queues)s::text[]) AND status IN ('pending', 'running', 'failed', 'deferred');
+
+-- name: failures
+-- open failures grouped by cause (the error's first line, numbers and ids masked), aggregated in
+-- the database; reads only failed, deferred and abandoned rows, and one error per cause
+WITH causes AS (
+    SELECT {schema}.error_cause(error) AS cause, queue, type,
+           count(*) AS jobs,
+           count(*) FILTER (WHERE status = 'failed') AS failed,
+           count(*) FILTER (WHERE status = 'deferred') AS deferred,
+           count(*) FILTER (WHERE status = 'abandoned') AS abandoned,
+           count(DISTINCT owner) AS owner_count,
+           array_agg(DISTINCT owner ORDER BY owner) AS owners,
+           array_agg(DISTINCT status ORDER BY status) AS statuses,
+           min(coalesce(heartbeat_at, created_at)) AS first_seen,
+           max(coalesce(heartbeat_at, created_at)) AS last_seen,
+           max(id) AS newest_id,
+           (array_agg(id ORDER BY id DESC))[1:%(ids_shown)s] AS job_ids
+    FROM {schema}.jobs
+    WHERE status IN ('failed', 'deferred', 'abandoned')
+      AND (%(statuses)s::text[] IS NULL OR status = ANY (%(statuses)s::text[]))
+      AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+      AND (%(owner)s::text IS NULL OR owner = %(owner)s)
+      AND (%(type)s::text IS NULL OR type = %(type)s)
+      AND coalesce(heartbeat_at, created_at)
+          >= coalesce(%(since)s::timestamptz, now() - %(since_ago)s::interval, '-infinity')
+      AND coalesce(heartbeat_at, created_at)
+          < coalesce(%(until)s::timestamptz, now() - %(until_ago)s::interval, 'infinity')
+    GROUP BY 1, queue, type
+)
+SELECT c.cause, c.queue, c.type, c.jobs, c.failed, c.deferred, c.abandoned, c.owner_count,
+       c.owners, c.statuses, c.first_seen, c.last_seen,
+       CASE WHEN %(full_errors)s OR e.error IS NULL
+                 OR (strpos(e.error, E'\n') = 0 AND length(e.error) <= %(error_width)s)
+            THEN e.error
+            ELSE left(split_part(e.error, E'\n', 1), %(error_width)s - 1) || '…' END AS example,
+       c.job_ids
+FROM causes c
+JOIN {schema}.jobs e ON e.id = c.newest_id
+ORDER BY c.jobs DESC, c.last_seen DESC, c.cause;
+
+-- name: lanes
+-- what each lane with open jobs is doing now: its running job (if any), who holds it and since
+-- when, how many jobs wait and how many are due, and until when a throttle pauses it; counts the
+-- open rows per lane first, then looks up each lane's running job in the running-lane index
+WITH open AS (
+    SELECT queue, lane,
+           count(*) FILTER (WHERE status <> 'running') AS waiting,
+           count(*) FILTER (WHERE status IN ('pending', 'failed') AND next_run_at <= now()) AS due,
+           min(next_run_at) FILTER (WHERE status IN ('pending', 'failed')) AS next_due,
+           max(next_run_at) FILTER (WHERE status IN ('failed', 'deferred')
+                                      AND next_run_at > now() AND error LIKE 'Throttled%%')
+               AS paused_until
+    FROM {schema}.jobs
+    WHERE status IN ('pending', 'running', 'failed', 'deferred')
+      AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+      AND (%(lane)s::text IS NULL OR lane = %(lane)s)
+    GROUP BY queue, lane
+)
+SELECT o.queue, o.lane,
+       r.id AS job_id, r.owner, r.type, r.mode, r.window_start, r.window_end, r.cursor,
+       r.processed_count, r.attempt_count, r.leased_by, r.started_at AS since,
+       now() - r.started_at AS running_for, r.lease_expires_at,
+       o.waiting, o.due, o.next_due, o.paused_until
+FROM open o
+LEFT JOIN {schema}.jobs r ON r.queue = o.queue AND r.lane = o.lane AND r.status = 'running'
+ORDER BY o.queue, o.lane;
+
+-- name: depth
+-- open jobs counted by queue, lane and status in the database; reads only open rows (grouped by
+-- owner first, which counts the owners without a sort)
+WITH by_owner AS (
+    SELECT queue, lane, status, owner,
+           count(*) AS jobs,
+           count(*) FILTER (WHERE status IN ('pending', 'failed') AND next_run_at <= now()) AS due,
+           min(created_at) AS oldest,
+           min(next_run_at) FILTER (WHERE status <> 'running') AS next_run_at
+    FROM {schema}.jobs
+    WHERE status IN ('pending', 'running', 'failed', 'deferred')
+      AND (%(statuses)s::text[] IS NULL OR status = ANY (%(statuses)s::text[]))
+      AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+      AND (%(owner)s::text IS NULL OR owner = %(owner)s)
+      AND (%(type)s::text IS NULL OR type = %(type)s)
+    GROUP BY queue, lane, status, owner
+)
+SELECT queue, lane, status,
+       sum(jobs)::bigint AS jobs,
+       sum(due)::bigint AS due,
+       count(*) AS owner_count,
+       now() - min(oldest) AS age,
+       min(next_run_at) AS next_run_at
+FROM by_owner
+GROUP BY queue, lane, status
+ORDER BY queue, lane,
+         array_position(ARRAY['pending', 'running', 'failed', 'deferred'], status);
+
+-- name: coverage
+-- the windows of each owner and type as spans for a timeline, merged in the database: windows
+-- that follow each other without a gap and share a status are one span; a gap or another
+-- status starts a new one
+WITH windows AS (
+    SELECT owner, type, status, window_start, window_end, processed_count, id,
+           lag(status) OVER w AS previous_status,
+           max(window_end) OVER (w ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS reached
+    FROM {schema}.jobs
+    WHERE queue = %(queue)s AND window_start IS NOT NULL AND window_end IS NOT NULL
+      AND (%(owner)s::text IS NULL OR owner = %(owner)s)
+      AND (%(type)s::text IS NULL OR type = %(type)s)
+      AND (%(statuses)s::text[] IS NULL OR status = ANY (%(statuses)s::text[]))
+      AND window_end > coalesce(%(since)s::timestamptz, now() - %(since_ago)s::interval,
+                                '-infinity')
+      AND window_start < coalesce(%(until)s::timestamptz, now() - %(until_ago)s::interval,
+                                  'infinity')
+    WINDOW w AS (PARTITION BY owner, type ORDER BY window_start, window_end, id)
+),
+numbered AS (
+    SELECT *,
+           count(*) FILTER (WHERE previous_status IS DISTINCT FROM status
+                              OR reached < window_start)
+               OVER (PARTITION BY owner, type ORDER BY window_start, window_end, id) AS span
+    FROM windows
+)
+SELECT owner, type, status, min(window_start) AS window_start, max(window_end) AS window_end,
+       max(window_end) - min(window_start) AS duration,
+       count(*) AS jobs, sum(processed_count)::bigint AS records
+FROM numbered
+GROUP BY owner, type, span, status
+ORDER BY owner, type, min(window_start);
+
+-- name: throughput
+-- records and completed jobs per period of `every` seconds (aligned to the epoch) in the
+-- database; a job's records count in the period it completed; every period of the range is
+-- there, with zeros when nothing completed
+WITH asked AS (
+    SELECT coalesce(%(since)s::timestamptz, now() - %(since_ago)s::interval) AS since,
+           coalesce(%(until)s::timestamptz, now() - %(until_ago)s::interval) AS until,
+           %(every)s::float8 AS step
+),
+bounds AS (
+    -- the range starts at the beginning of the period `since` falls in
+    SELECT to_timestamp(floor(extract(epoch FROM since) / step) * step) AS since, until, step
+    FROM asked
+),
+periods AS (
+    SELECT to_timestamp(n * b.step) AS period
+    FROM bounds b,
+         generate_series(round(extract(epoch FROM b.since) / b.step)::bigint,
+                         ceil(extract(epoch FROM b.until) / b.step)::bigint - 1) AS n
+),
+done AS (
+    SELECT to_timestamp(floor(extract(epoch FROM j.completed_at) / b.step) * b.step) AS period,
+           CASE %(by)s::text WHEN 'queue' THEN j.queue WHEN 'owner' THEN j.owner
+                             WHEN 'lane' THEN j.lane WHEN 'type' THEN j.type END AS key,
+           count(*) AS jobs, sum(j.processed_count)::bigint AS records
+    FROM {schema}.jobs j, bounds b
+    WHERE j.status = 'completed' AND j.completed_at >= b.since AND j.completed_at < b.until
+      AND (%(queue)s::text IS NULL OR j.queue = %(queue)s)
+      AND (%(owner)s::text IS NULL OR j.owner = %(owner)s)
+      AND (%(type)s::text IS NULL OR j.type = %(type)s)
+    GROUP BY 1, 2
+),
+keys AS (
+    SELECT DISTINCT key FROM done
+    UNION ALL
+    SELECT NULL WHERE %(by)s::text IS NULL AND NOT EXISTS (SELECT 1 FROM done)
+)
+SELECT p.period, k.key, coalesce(d.jobs, 0) AS jobs, coalesce(d.records, 0) AS records,
+       coalesce(d.jobs, 0) * 60 / b.step AS jobs_per_minute,
+       coalesce(d.records, 0) * 60 / b.step AS records_per_minute
+FROM periods p
+CROSS JOIN keys k
+CROSS JOIN bounds b
+LEFT JOIN done d ON d.period = p.period AND d.key IS NOT DISTINCT FROM k.key
+ORDER BY p.period, k.key;

@@ -1,0 +1,18 @@
+-- Statements about the schema itself: whether it exists, its version, the start-up lock.
+-- Each statement is loaded by name into synclane.store; {schema} is the schema, quoted as an
+-- identifier. The line under each name says what the statement guarantees.
+
+-- name: schema_exists
+-- whether the version table exists, so a missing schema gives a clear error instead of SQL noise
+SELECT EXISTS (
+    SELECT 1 FROM pg_catalog.pg_tables
+    WHERE schemaname = %(schema)s AND tablename = 'schema_version'
+) AS present;
+
+-- name: schema_version
+-- the newest schema version applied
+SELECT max(version) AS version FROM {schema}.schema_version;
+
+-- name: migration_lock
+-- serialises start-up DDL of processes that start at once (transaction-scoped, released at commit)
+SELECT pg_advisory_xact_lock(hashtext('synclane schema ' || %(schema)s));

@@ -1,0 +1,223 @@
+-- The worker's statements: take a job, save its pages under the lease, finish it, reclaim
+-- expired leases. Every write about a running job is guarded by id + lease token + status.
+-- Each statement is loaded by name into synclane.store; {schema} is the schema, quoted as an
+-- identifier. The line under each name says what the statement guarantees.
+
+-- name: take_front
+-- serves the slots of one worker that ask at the same instant, in one statement and one commit:
+-- first completes each job in %(done_ids)s under its lease guard (its slot has just finished it),
+-- then takes one job for each completion that went through and for each of %(plain)s slots that
+-- asked with nothing to complete. It takes the best due jobs of distinct free lanes from the
+-- front of the line and marks them running under fresh lease tokens. Two takers of one lane may
+-- both pass this query, and the running-lane index lets only one of them commit: the other gets
+-- a unique violation, its completions roll back with it, and it asks again. One row always comes
+-- back; every row carries the ids completed, and a taken job's columns (NULL when none).
+WITH done AS (
+    UPDATE {schema}.jobs j
+    SET status = 'completed', processed_count = j.processed_count + d.count, error = NULL,
+        completed_at = now(), heartbeat_at = now(),
+        leased_by = NULL, lease_token = NULL, lease_expires_at = NULL
+    FROM unnest(%(done_ids)s::bigint[], %(done_tokens)s::uuid[], %(done_counts)s::bigint[])
+         AS d (id, token, count)
+    WHERE j.id = d.id AND j.lease_token = d.token AND j.status = 'running'
+    RETURNING j.id
+),
+busy AS MATERIALIZED (
+    -- the jobs completed above no longer hold their lanes: their next jobs may be taken at once
+    SELECT lane FROM {schema}.jobs
+    WHERE queue = %(queue)s AND status = 'running' AND id <> ALL (%(done_ids)s::bigint[])
+    UNION ALL
+    SELECT lane FROM {schema}.jobs
+    WHERE queue = %(queue)s AND status = 'cancelled' AND lease_token IS NOT NULL
+      AND lease_expires_at > now()
+),
+front AS (
+    -- the best job of each free lane among the first %(front)s in taking order
+    SELECT DISTINCT ON (f.lane) f.id FROM (
+        SELECT id, lane, next_run_at, priority, window_start FROM {schema}.jobs
+        WHERE queue = %(queue)s AND status IN ('pending', 'failed')
+        ORDER BY priority, window_start DESC NULLS LAST, id
+        LIMIT %(front)s
+    ) f
+    WHERE f.next_run_at <= now() AND f.lane NOT IN (SELECT lane FROM busy)
+    ORDER BY f.lane, f.priority, f.window_start DESC NULLS LAST, f.id
+),
+taken AS (
+    -- the limit reads the completions first, so they have freed their lanes in the
+    -- running-lane index before any job of the same lane is marked running
+    SELECT j.id, j.status FROM {schema}.jobs j
+    WHERE j.id = ANY (ARRAY(SELECT id FROM front)) AND j.status IN ('pending', 'failed')
+    ORDER BY j.priority, j.window_start DESC NULLS LAST, j.id
+    LIMIT (SELECT %(plain)s::int + count(*) FROM done)
+    FOR UPDATE SKIP LOCKED
+),
+next AS (
+    UPDATE {schema}.jobs j
+    SET status = 'running', leased_by = %(worker)s, lease_token = gen_random_uuid(),
+        lease_expires_at = now() + %(lease)s, attempt_count = j.attempt_count + 1,
+        started_at = now(), heartbeat_at = now()
+    FROM taken
+    WHERE j.id = taken.id
+    RETURNING j.id, j.queue, j.owner, j.lane, j.type, j.mode, j.window_start, j.window_end,
+              j.cursor, j.attempt_count, j.throttle_count, j.processed_count, j.lease_token,
+              taken.status AS previous_status, j.priority
+)
+SELECT ARRAY(SELECT id FROM done) AS completed, next.*
+FROM (SELECT) AS one LEFT JOIN next ON true
+ORDER BY next.priority, next.window_start DESC NULLS LAST, next.id;
+
+-- name: take_by_lane
+-- the same take when the front of the line waits behind busy lanes: visits each lane with open
+-- jobs once (cost grows with lanes, not jobs), and gives a deferred job its last attempt only
+-- once nothing else of its lane is open; the running-lane index still refuses a second taker
+WITH RECURSIVE busy AS MATERIALIZED (
+    SELECT lane FROM {schema}.jobs WHERE queue = %(queue)s AND status = 'running'
+    UNION ALL
+    SELECT lane FROM {schema}.jobs
+    WHERE queue = %(queue)s AND status = 'cancelled' AND lease_token IS NOT NULL
+      AND lease_expires_at > now()
+),
+lanes (lane) AS (
+    (SELECT lane FROM {schema}.jobs
+     WHERE queue = %(queue)s AND status IN ('pending', 'failed', 'deferred')
+     ORDER BY lane LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.lane FROM {schema}.jobs j
+            WHERE j.queue = %(queue)s AND j.status IN ('pending', 'failed', 'deferred')
+              AND j.lane > lanes.lane
+            ORDER BY j.lane LIMIT 1)
+    FROM lanes WHERE lanes.lane IS NOT NULL
+),
+heads AS (
+    SELECT head.id FROM lanes
+    CROSS JOIN LATERAL (
+        (SELECT j.id FROM {schema}.jobs j
+         WHERE j.queue = %(queue)s AND j.lane = lanes.lane
+           AND j.status IN ('pending', 'failed') AND j.next_run_at <= now()
+         ORDER BY j.priority, j.window_start DESC NULLS LAST, j.id LIMIT 1)
+        UNION ALL
+        (SELECT d.id FROM {schema}.jobs d
+         WHERE d.queue = %(queue)s AND d.lane = lanes.lane
+           AND d.status = 'deferred' AND d.next_run_at <= now()
+           AND NOT EXISTS (
+               SELECT 1 FROM {schema}.jobs o
+               WHERE o.queue = %(queue)s AND o.lane = lanes.lane
+                 AND o.status IN ('pending', 'failed'))
+         ORDER BY d.priority, d.window_start DESC NULLS LAST, d.id LIMIT 1)
+        LIMIT 1
+    ) head
+    WHERE lanes.lane IS NOT NULL AND lanes.lane NOT IN (SELECT lane FROM busy)
+),
+taken AS (
+    SELECT j.id, j.status FROM {schema}.jobs j
+    WHERE j.id = ANY (ARRAY(SELECT id FROM heads))
+      AND j.status IN ('pending', 'failed', 'deferred')
+    ORDER BY j.priority, j.window_start DESC NULLS LAST, j.id
+    LIMIT 1 FOR UPDATE SKIP LOCKED
+)
+UPDATE {schema}.jobs j
+SET status = 'running', leased_by = %(worker)s, lease_token = gen_random_uuid(),
+    lease_expires_at = now() + %(lease)s, attempt_count = j.attempt_count + 1,
+    started_at = now(), heartbeat_at = now()
+FROM taken
+WHERE j.id = taken.id
+RETURNING j.id, j.queue, j.owner, j.lane, j.type, j.mode, j.window_start, j.window_end,
+          j.cursor, j.attempt_count, j.throttle_count, j.processed_count, j.lease_token,
+          taken.status AS previous_status;
+
+-- name: save_page
+-- saves the cursor and the count after a page and renews the lease; the token and status guard
+-- refuse a worker that lost its lease (zero rows: stop and write nothing more)
+UPDATE {schema}.jobs
+SET cursor = %(cursor)s, processed_count = processed_count + %(count)s,
+    heartbeat_at = now(), lease_expires_at = now() + %(lease)s
+WHERE id = %(id)s AND lease_token = %(token)s AND status = 'running';
+
+-- name: heartbeat
+-- renews the lease while a slow page is in flight, under the same guard
+UPDATE {schema}.jobs
+SET heartbeat_at = now(), lease_expires_at = now() + %(lease)s
+WHERE id = %(id)s AND lease_token = %(token)s AND status = 'running';
+
+-- name: complete_job
+-- the last page: counts it and marks the job completed, under the lease guard
+UPDATE {schema}.jobs
+SET status = 'completed', processed_count = processed_count + %(count)s, error = NULL,
+    completed_at = now(), heartbeat_at = now(),
+    leased_by = NULL, lease_token = NULL, lease_expires_at = NULL
+WHERE id = %(id)s AND lease_token = %(token)s AND status = 'running';
+
+-- name: fail_job
+-- a failed attempt: retried after the delay, deferred once the regular attempts are used up,
+-- abandoned when the deferred attempt fails too
+UPDATE {schema}.jobs
+SET status = CASE WHEN attempt_count > %(max_attempts)s THEN 'abandoned'
+                  WHEN attempt_count >= %(max_attempts)s THEN 'deferred'
+                  ELSE 'failed' END,
+    completed_at = CASE WHEN attempt_count > %(max_attempts)s THEN now() END,
+    error = %(error)s, next_run_at = now() + %(delay)s, heartbeat_at = now(),
+    leased_by = NULL, lease_token = NULL, lease_expires_at = NULL
+WHERE id = %(id)s AND lease_token = %(token)s AND status = 'running'
+RETURNING status, next_run_at;
+
+-- name: throttle_job
+-- a throttle gives the attempt back and pushes every open job of the lane to the same time: the
+-- account was told to slow down, not the job
+WITH throttled AS (
+    UPDATE {schema}.jobs
+    SET status = CASE WHEN %(previous_status)s = 'deferred' THEN 'deferred' ELSE 'failed' END,
+        attempt_count = attempt_count - 1, throttle_count = throttle_count + 1,
+        error = %(error)s, next_run_at = now() + %(delay)s, heartbeat_at = now(),
+        leased_by = NULL, lease_token = NULL, lease_expires_at = NULL
+    WHERE id = %(id)s AND lease_token = %(token)s AND status = 'running'
+    RETURNING queue, lane, next_run_at
+),
+lane AS (
+    UPDATE {schema}.jobs o
+    SET next_run_at = t.next_run_at
+    FROM throttled t
+    WHERE o.queue = t.queue AND o.lane = t.lane
+      AND o.status IN ('pending', 'failed', 'deferred') AND o.next_run_at < t.next_run_at
+    RETURNING o.id
+)
+SELECT t.next_run_at, (SELECT count(*) FROM lane) AS pushed FROM throttled t;
+
+-- name: abandon_job
+-- the handler said a retry cannot help: abandoned at once, waiting for a human
+UPDATE {schema}.jobs
+SET status = 'abandoned', error = %(error)s, completed_at = now(), heartbeat_at = now(),
+    leased_by = NULL, lease_token = NULL, lease_expires_at = NULL
+WHERE id = %(id)s AND lease_token = %(token)s AND status = 'running';
+
+-- name: hand_back
+-- a stopping worker returns its job with its cursor; a stop is not a failed attempt
+UPDATE {schema}.jobs
+SET status = CASE WHEN %(previous_status)s = 'deferred' THEN 'deferred' ELSE 'pending' END,
+    attempt_count = attempt_count - 1, next_run_at = now(),
+    leased_by = NULL, lease_token = NULL, lease_expires_at = NULL
+WHERE id = %(id)s AND lease_token = %(token)s AND status = 'running';
+
+-- name: release_cancelled
+-- a worker that finds its job cancelled gives the lane back at once
+UPDATE {schema}.jobs
+SET leased_by = NULL, lease_token = NULL, lease_expires_at = NULL
+WHERE id = %(id)s AND lease_token = %(token)s AND status = 'cancelled';
+
+-- name: reclaim_expired
+-- jobs whose worker stopped renewing its lease go back in line (the attempt counts as failed);
+-- the dead worker's late writes no longer match the cleared token
+UPDATE {schema}.jobs
+SET status = CASE WHEN attempt_count > %(max_attempts)s THEN 'abandoned'
+                  WHEN attempt_count >= %(max_attempts)s THEN 'deferred'
+                  ELSE 'failed' END,
+    completed_at = CASE WHEN attempt_count > %(max_attempts)s THEN now() END,
+    error = 'LeaseExpired: worker ' || coalesce(leased_by, '?')
+            || ' stopped renewing its lease',
+    next_run_at = now(), leased_by = NULL, lease_token = NULL, lease_expires_at = NULL
+WHERE queue = %(queue)s AND status = 'running' AND lease_expires_at < now()
+RETURNING id, owner, lane, type, mode, window_start, window_end, status;
+
+-- name: running_jobs
+-- how many jobs of these queues run now, in any process (from the running-lane index)
+SELECT count(*) FROM {schema}.jobs
+WHERE queue = ANY (%(queues)s::text[]) AND status = 'running';
