@@ -22,6 +22,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from synclane import planning
+from synclane.events import Listener
 from synclane.model import (
     ConfigError,
     Job,
@@ -601,10 +602,12 @@ class SyncLane:
         ids: Sequence[int] | None = None,
         include_cancelled: bool = False,
         cause: str | None = None,
+        cause_id: str | None = None,
     ) -> int:
         """Give failed, deferred and abandoned jobs fresh attempts (cancelled ones too when
-        asked). Cursors are kept, so each continues from its last saved page. `cause` (a row of
-        `failures()`) requeues the jobs whose error has that cause. Returns how many."""
+        asked). Cursors are kept, so each continues from its last saved page. `cause` or
+        `cause_id` (the columns of a row of `failures()`) requeue the jobs whose error has that
+        cause. Returns how many."""
         q = self.get_queue(queue)
         if type is not None:
             q.job_type(type)
@@ -616,9 +619,18 @@ class SyncLane:
                 f"cause={cause!r:.100} must be text as a row of failures() shows it, e.g. "
                 "'RuntimeError: order <n> not found'"
             )
+        if cause_id is not None and (
+            not isinstance(cause_id, str) or not re.fullmatch(r"[0-9a-f]{8}", cause_id)
+        ):
+            raise ConfigError(
+                f"cause_id={cause_id!r:.100} must be the 8 hex digits that failures() shows in "
+                "its cause_id column, e.g. '3f2a9c1b'"
+            )
         statuses = REQUEUE_STATUSES + (("cancelled",) if include_cancelled else ())
         with self.connection() as conn:
-            requeued = self.store.requeue(conn, q.name, owner, type, statuses, job_ids, cause)
+            requeued = self.store.requeue(
+                conn, q.name, owner, type, statuses, job_ids, cause, cause_id
+            )
         if requeued:
             log.info("requeued %d job(s) in queue %s", len(requeued), q.name)
         return len(requeued)
@@ -788,13 +800,25 @@ class SyncLane:
         stop_after: timedelta | float | None = None,
         *,
         until_idle: bool = False,
+        idle_grace: timedelta | float = timedelta(minutes=5),
+        on_event: Listener | Iterable[Listener] | None = None,
     ) -> dict[str, int]:
         """Run worker slots until SIGINT/SIGTERM, until `stop_after` has passed, or (with
-        `until_idle`) until no job is running or can be taken; running jobs are handed back
-        with their cursors. Returns what the slots did, e.g. {'completed': 12}."""
+        `until_idle`) until no job of these queues runs anywhere and none becomes due within
+        `idle_grace`; running jobs are handed back with their cursors. `on_event` receives a
+        synclane.events.Event for each thing that happens to a job. Returns what the slots
+        did, e.g. {'completed': 12}."""
         from synclane.worker import Worker
 
-        return Worker(self, queues, stop_after, until_idle=until_idle).run()
+        worker = Worker(
+            self,
+            queues,
+            stop_after,
+            until_idle=until_idle,
+            idle_grace=idle_grace,
+            on_event=on_event,
+        )
+        return worker.run()
 
     async def run_worker_async(
         self,
@@ -802,11 +826,21 @@ class SyncLane:
         stop_after: timedelta | float | None = None,
         *,
         until_idle: bool = False,
+        idle_grace: timedelta | float = timedelta(minutes=5),
+        on_event: Listener | Iterable[Listener] | None = None,
     ) -> dict[str, int]:
         """The async twin of run_worker, for code that already runs an event loop."""
         from synclane.worker import Worker
 
-        return await Worker(self, queues, stop_after, until_idle=until_idle).run_async()
+        worker = Worker(
+            self,
+            queues,
+            stop_after,
+            until_idle=until_idle,
+            idle_grace=idle_grace,
+            on_event=on_event,
+        )
+        return await worker.run_async()
 
 
 def _call_owner_source(source: OwnerSource, queue: str, timeout: float) -> list[Any]:

@@ -75,6 +75,7 @@ STRINGS = frozenset(
         "error",
         "leased_by",
         "cause",
+        "cause_id",
         "example",
     }
 )

@@ -260,8 +260,10 @@ class Store:
         statuses: Iterable[str],
         ids: Sequence[int] | None,
         cause: str | None = None,
+        cause_id: str | None = None,
     ) -> list[int]:
         params = {
+            "cause_id": cause_id,
             "queue": queue,
             "owner": owner,
             "type": type,

@@ -20,13 +20,15 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
 from psycopg import errors
 from psycopg_pool import AsyncConnectionPool
 
+from synclane.events import Event, Kind, Listener, listeners
 from synclane.model import MAX_ERROR_LENGTH, Abandon, ConfigError, Job, Page, Throttled, to_duration
 from synclane.store import WORKER_SESSION, TakenJob
 
@@ -43,6 +45,9 @@ _OUTAGE_BACKOFF = (0.2, 0.5, 1.0, 2.0, 5.0)
 # it then logs the outage and backs off, instead of waiting silently inside the pool (whose
 # default is 30 s). A healthy pool always has a connection for every slot.
 _CONNECTION_WAIT = 3.0
+# A worker working "until idle" waits for jobs that become due within this long (a retry, a lane
+# whose throttle ends soon) before it calls itself idle.
+IDLE_GRACE = timedelta(minutes=5)
 
 
 def error_text(error: BaseException) -> str:
@@ -131,8 +136,12 @@ class Worker:
         stop_after: timedelta | float | None = None,
         *,
         until_idle: bool = False,
+        idle_grace: timedelta | float = IDLE_GRACE,
+        on_event: Listener | Iterable[Listener] | None = None,
     ) -> None:
         self.app = app
+        self.idle_grace = to_duration("idle_grace", idle_grace, allow_zero=True)
+        self.listeners = listeners(on_event)
         self.until_idle = until_idle
         if queues is not None and not isinstance(queues, Iterable):
             raise ConfigError(
@@ -164,6 +173,7 @@ class Worker:
         self._planned: asyncio.Event | None = None
         self._stop_waiter: asyncio.Future[Any] | None = None
         self._takers: dict[str, Taker] | None = None
+        self._broken_listeners: set[int] = set()
 
     # -- life cycle -----------------------------------------------------------------------
 
@@ -295,32 +305,54 @@ class Worker:
         self._wake.set()
         self._wake = asyncio.Event()
 
+    def _emit(self, kind: Kind, job: TakenJob | SimpleNamespace, **details: Any) -> None:
+        """Tell every listener; a listener that raises is logged and otherwise ignored."""
+        if not self.listeners:
+            return
+        event = Event(
+            kind=kind,
+            queue=job.queue,
+            job_id=job.id,
+            owner=job.owner,
+            lane=job.lane,
+            type=job.type,
+            mode=job.mode,
+            worker=self.app.worker_name,
+            attempt=job.attempt_count,
+            window_start=job.window_start,
+            window_end=job.window_end,
+            **details,
+        )
+        for listener in self.listeners:
+            try:
+                listener(event)
+            except Exception as error:
+                if id(listener) not in self._broken_listeners:
+                    self._broken_listeners.add(id(listener))
+                    log.error("event listener %r raised %s", listener, error_text(error))
+
     # -- background duties ----------------------------------------------------------------
 
     async def _stop_when_idle(self) -> None:
-        """Stop once no slot has run a job for two polls in a row and no job of these queues
-        runs anywhere (a job finishing elsewhere could free a lane)."""
+        """Stop once no job of these queues runs anywhere (a job finishing elsewhere could free
+        a lane) and none becomes due within `idle_grace` (a retry, the end of a throttle)."""
         assert self._planned is not None and self._pool is not None
         await self._planned.wait()
         interval = self.app.poll_interval.total_seconds()
         names = [q.name for q in self.queues]
-        quiet, seen = 0, -1
         while not self.stopping:
             await self._pause_for_stop(interval)
-            if self._busy == 0 and self._started == seen:
-                try:
-                    async with self._pool.connection() as conn:
-                        cur = await conn.execute(
-                            self.app.store.query("running_jobs"), {"queues": names}
-                        )
-                        row = await cur.fetchone()
-                except psycopg.OperationalError:
-                    continue
-                quiet = quiet + 1 if row is not None and row[0] == 0 else 0
-            else:
-                quiet = 0
-            seen = self._started
-            if quiet >= 2:
+            if self._busy:
+                continue
+            try:
+                async with self._pool.connection() as conn:
+                    cur = await conn.execute(self.app.store.query("idle_check"), {"queues": names})
+                    row = await cur.fetchone()
+            except psycopg.OperationalError:
+                continue
+            assert row is not None
+            running, next_due_in = row
+            if running == 0 and (next_due_in is None or next_due_in > self.idle_grace):
                 log.info("worker %s: nothing left to do, stopping", self.app.worker_name)
                 self.stop()
 
@@ -362,6 +394,12 @@ class Worker:
                     continue
                 for row in rows:
                     self.report["reclaimed"] += 1
+                    self._emit(
+                        "reclaimed",
+                        SimpleNamespace(queue=queue.name, **row),
+                        status=row["status"],
+                        error=row["error"],
+                    )
                     log.warning(
                         "job %s owner=%s lane=%s type=%s: lease expired, reclaimed as %s",
                         row["id"],
@@ -463,6 +501,8 @@ class Worker:
         guard = {"id": taken.id, "token": taken.lease_token, "lease": settings.lease_duration}
         handler = queue.handlers.get(taken.type)
         log.info("%s: started (attempt %d)", describe(taken), taken.attempt_count)
+        self._emit("started", taken, cursor=taken.cursor)
+        attempt_began = time.monotonic()
         job = Job(
             id=taken.id,
             queue=taken.queue,
@@ -483,14 +523,32 @@ class Worker:
                 if self.stopping:
                     raise Stopping
                 lease.check()
+                page_began = time.monotonic()
                 page = await self._page(queue, handler, job, guard, lease)
                 if page.next_cursor is None:
-                    return await self._complete(queue, taken, guard, page.count)
+                    following = await self._complete(queue, taken, guard, page.count)
+                    self._emit(
+                        "completed",
+                        taken,
+                        status="completed",
+                        records=job.processed_count + page.count,
+                        seconds=time.monotonic() - attempt_began,
+                    )
+                    if taken.mode == "initial" and self.listeners:
+                        await self._tell_if_first_load_finished(queue, taken)
+                    return following
                 params = {**guard, "cursor": page.next_cursor, "count": page.count}
                 sent = time.monotonic()
                 if not await self._write(queue, "save_page", params):
                     raise LeaseLost("the job was taken over or cancelled")
                 lease.renewed = sent
+                self._emit(
+                    "page",
+                    taken,
+                    records=page.count,
+                    seconds=sent - page_began,
+                    cursor=page.next_cursor,
+                )
                 job = dataclasses.replace(
                     job, cursor=page.next_cursor, processed_count=job.processed_count + page.count
                 )
@@ -507,6 +565,7 @@ class Worker:
             await self._release_if_cancelled(queue, guard)
             self.report["lost"] += 1
             log.warning("%s: lease lost (%s); stopped without writing more", describe(taken), lost)
+            self._emit("lease_lost", taken, error=str(lost))
         except Throttled as throttle:
             await self._throttle(queue, taken, guard, throttle)
         except Abandon as abandon:
@@ -514,6 +573,7 @@ class Worker:
             if await self._write(queue, "abandon_job", params):
                 self.report["abandoned"] += 1
                 log.warning("%s: abandoned: %s", describe(taken), abandon.reason)
+                self._emit("abandoned", taken, status="abandoned", error=params["error"])
         except Exception as error:
             await self._fail(queue, taken, guard, error)
         return None
@@ -555,6 +615,7 @@ class Worker:
         if await self._write(queue, "hand_back", params):
             self.report["handed_back"] += 1
             log.info("%s: handed back at cursor %r", describe(taken), cursor)
+            self._emit("handed_back", taken, status="pending", cursor=cursor)
 
     async def _give_back(self, queue: Queue, taken: TakenJob) -> None:
         """Hands back a job no slot will run (its slot was cancelled while it was taken)."""
@@ -580,6 +641,13 @@ class Worker:
         if await self._write(queue, "throttle_job", params):
             self.report["throttled"] += 1
             log.warning("%s: throttled, lane %s paused for %s", describe(taken), taken.lane, delay)
+            self._emit(
+                "throttled",
+                taken,
+                status="failed",
+                error=params["error"],
+                until=datetime.now(UTC) + delay,
+            )
 
     async def _fail(
         self, queue: Queue, taken: TakenJob, guard: dict[str, Any], error: Exception
@@ -611,6 +679,10 @@ class Worker:
             return
         status, next_run_at = outcome
         self.report[status] += 1
+        kind: Kind = "failed" if status == "failed" else "deferred"
+        if status == "abandoned":
+            kind = "abandoned"
+        self._emit(kind, taken, status=status, error=params["error"], until=next_run_at)
         if status == "failed":
             log.warning(
                 "%s: failed (attempt %d), retry at %s: %s",
@@ -627,6 +699,20 @@ class Worker:
                 taken.attempt_count,
                 params["error"],
             )
+
+    async def _tell_if_first_load_finished(self, queue: Queue, taken: TakenJob) -> None:
+        """After an initial slice completed: when no slice of its owner and type is left
+        unfinished, its first load is done."""
+        assert self._pool is not None
+        params = {"queue": queue.name, "owner": taken.owner, "type": taken.type}
+        try:
+            async with self._pool.connection() as conn:
+                cur = await conn.execute(self.app.store.query("first_load_finished"), params)
+                row = await cur.fetchone()
+        except psycopg.Error:
+            return  # an event is a courtesy: never worth failing over
+        if row is not None and row[0]:
+            self._emit("first_load_finished", taken, status="completed")
 
     async def _release_if_cancelled(self, queue: Queue, guard: dict[str, Any]) -> None:
         with contextlib.suppress(psycopg.Error, LeaseLost):

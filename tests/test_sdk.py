@@ -741,3 +741,20 @@ def test_throughput_reaches_back_from_now_by_default(
     assert 60 <= len(frame) <= 61  # the last hour, minute by minute
     assert (frame["jobs"].sum(), frame["records"].sum()) == (1, 4)
     assert frame["period"].is_monotonic_increasing
+
+
+def test_requeue_by_the_cause_id_failures_shows_requeues_that_cause_only(
+    shops: SyncLane, failing: dict[str, int]
+) -> None:
+    frame = shops.failures("shops").set_index("cause")
+    ids = frame["cause_id"]
+    assert ids.str.fullmatch("[0-9a-f]{8}").all() and ids.is_unique
+    again = shops.failures("shops", owner="globex").set_index("cause")["cause_id"]
+    assert again["RuntimeError: order <n> not found"] == ids["RuntimeError: order <n> not found"]
+
+    assert shops.requeue("shops", cause_id=ids["RuntimeError: order <n> not found"]) == 2
+
+    assert set(shops.jobs(ids=[failing["order 41"], failing["order 97"]])["status"]) == {"pending"}
+    assert shops.requeue("shops", cause_id="00000000") == 0
+    with pytest.raises(ConfigError, match="cause_id"):
+        shops.requeue("shops", cause_id="RuntimeError: order")

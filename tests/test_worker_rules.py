@@ -271,3 +271,40 @@ def test_cancelling_the_worker_task_hands_the_job_back_with_its_cursor(
     asyncio.run(scenario())
     row = job_row(db, schema, job_id)
     assert (row["status"], row["cursor"], row["attempt_count"]) == ("pending", "2", 0)
+
+
+def test_until_idle_waits_for_a_retry_due_within_the_grace_period(
+    app: SyncLane, db: psycopg.Connection[Any], schema: str
+) -> None:
+    queue = app.queue("q", retry_base_delay=1, retry_max_delay=2)
+    calls: list[int] = []
+
+    @queue.snapshot("products", every=DAY)
+    def products(job: Job) -> Page:
+        calls.append(job.attempt_count)
+        if len(calls) == 1:
+            raise RuntimeError("the API answered 503")
+        return Page(None, 1)
+
+    job = app.enqueue("q", "acme", "products")
+    began = time.monotonic()
+    report = app.run_worker(until_idle=True, idle_grace=10, stop_after=30)
+    assert report == {"failed": 1, "completed": 1}
+    assert job_row(db, schema, job)["status"] == "completed"
+    assert time.monotonic() - began < 20
+
+
+def test_until_idle_stops_when_the_next_due_job_is_beyond_the_grace_period(
+    app: SyncLane, db: psycopg.Connection[Any], schema: str
+) -> None:
+    queue = app.queue("q", retry_base_delay=60, retry_max_delay=120)
+
+    @queue.snapshot("products", every=DAY)
+    def products(job: Job) -> Page:
+        raise RuntimeError("the API answered 503")
+
+    job = app.enqueue("q", "acme", "products")
+    began = time.monotonic()
+    assert app.run_worker(until_idle=True, idle_grace=5, stop_after=30) == {"failed": 1}
+    assert time.monotonic() - began < 10
+    assert job_row(db, schema, job)["status"] == "failed"

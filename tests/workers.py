@@ -68,9 +68,11 @@ def worker_processes(settings: dict[str, Any], count: int) -> Iterator[list[subp
 
 
 @contextmanager
-def running_worker(app: SyncLane, queues: list[str] | None = None) -> Iterator[Worker]:
+def running_worker(
+    app: SyncLane, queues: list[str] | None = None, **options: Any
+) -> Iterator[Worker]:
     """A worker in a thread of this process, stopped (jobs handed back) when the block ends."""
-    worker = Worker(app, queues)
+    worker = Worker(app, queues, **options)
     errors: list[BaseException] = []
 
     def target() -> None:

@@ -33,6 +33,7 @@ WHERE queue = %(queue)s
   AND (%(type)s::text IS NULL OR type = %(type)s)
   AND (%(ids)s::bigint[] IS NULL OR id = ANY (%(ids)s::bigint[]))
   AND (%(cause)s::text IS NULL OR {schema}.error_cause(error) = %(cause)s)
+  AND (%(cause_id)s::text IS NULL OR left(md5({schema}.error_cause(error)), 8) = %(cause_id)s)
   AND status = ANY (%(statuses)s::text[])
 RETURNING id;
 

@@ -109,7 +109,8 @@ WHERE queue = ANY (%(queues)s::text[]) AND status IN ('pending', 'running', 'fai
 
 -- name: failures
 -- open failures grouped by cause (the error's first line, numbers and ids masked), aggregated in
--- the database; reads only failed, deferred and abandoned rows, and one error per cause
+-- the database; reads only failed, deferred and abandoned rows, and one error per cause. A
+-- cause's id is the start of its MD5: short enough to type, the same in every process and run
 WITH causes AS (
     SELECT {schema}.error_cause(error) AS cause, queue, type,
            count(*) AS jobs,
@@ -141,7 +142,7 @@ SELECT c.cause, c.queue, c.type, c.jobs, c.failed, c.deferred, c.abandoned, c.ow
                  OR (strpos(e.error, E'\n') = 0 AND length(e.error) <= %(error_width)s)
             THEN e.error
             ELSE left(split_part(e.error, E'\n', 1), %(error_width)s - 1) || '…' END AS example,
-       c.job_ids
+       c.job_ids, left(md5(c.cause), 8) AS cause_id
 FROM causes c
 JOIN {schema}.jobs e ON e.id = c.newest_id
 ORDER BY c.jobs DESC, c.last_seen DESC, c.cause;

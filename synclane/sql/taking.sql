@@ -215,9 +215,23 @@ SET status = CASE WHEN attempt_count > %(max_attempts)s THEN 'abandoned'
             || ' stopped renewing its lease',
     next_run_at = now(), leased_by = NULL, lease_token = NULL, lease_expires_at = NULL
 WHERE queue = %(queue)s AND status = 'running' AND lease_expires_at < now()
-RETURNING id, owner, lane, type, mode, window_start, window_end, status;
+RETURNING id, owner, lane, type, mode, window_start, window_end, status, attempt_count, error;
 
--- name: running_jobs
--- how many jobs of these queues run now, in any process (from the running-lane index)
-SELECT count(*) FROM {schema}.jobs
-WHERE queue = ANY (%(queues)s::text[]) AND status = 'running';
+-- name: idle_check
+-- how many jobs of these queues run now, in any process, and how long until the next open one
+-- is due (NULL: nothing open that a worker could take); a worker working "until idle" stops when
+-- nothing runs and nothing is due within its grace period
+SELECT count(*) FILTER (WHERE status = 'running') AS running,
+       min(next_run_at) FILTER (WHERE status IN ('pending', 'failed', 'deferred')) - now()
+           AS next_due_in
+FROM {schema}.jobs
+WHERE queue = ANY (%(queues)s::text[]) AND status IN ('pending', 'running', 'failed', 'deferred');
+
+-- name: first_load_finished
+-- whether every history slice of an owner and type has completed (asked after one completes,
+-- only when someone listens to events)
+SELECT NOT EXISTS (
+    SELECT 1 FROM {schema}.jobs
+    WHERE queue = %(queue)s AND owner = %(owner)s AND type = %(type)s AND mode = 'initial'
+      AND status <> 'completed'
+) AS finished;
