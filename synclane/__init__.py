@@ -4,9 +4,10 @@ Every sync job is one row in a PostgreSQL table you own: its window, its cursor,
 its error. `import synclane` imports neither pandas nor Prefect.
 """
 
-from synclane.app import DatabaseUnavailable, OwnerSourceError, Queue, SyncLane
+from synclane.app import SyncLane
+from synclane.errors import DatabaseUnavailable, OwnerSourceError, SchemaError
 from synclane.model import Abandon, ConfigError, Job, Owner, Page, Throttled
-from synclane.store import SchemaError
+from synclane.queues import Queue
 
 __all__ = [
     "Abandon",

@@ -19,8 +19,8 @@ import psycopg
 
 from synclane import loading
 from synclane.app import DatabaseUnavailable, OwnerSourceError, SyncLane, redact
+from synclane.errors import SchemaError
 from synclane.model import STATUSES, ConfigError
-from synclane.store import SchemaError
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -165,9 +165,7 @@ def cmd_work(args: argparse.Namespace) -> None:
 def _work(
     app: SyncLane, queues: Sequence[str] | None, seconds: float | None, until_idle: bool
 ) -> None:
-    from synclane.worker import Worker
-
-    worker = Worker(app, queues, seconds, until_idle=until_idle)
+    worker = app.worker(queues, seconds, until_idle=until_idle)
     names = [q.name for q in worker.queues]
     with ProgressBar(lambda: _open_jobs(app, names), "working"):
         report = worker.run()
@@ -261,7 +259,6 @@ def cmd_dashboard(args: argparse.Namespace) -> None:
 def cmd_demo(args: argparse.Namespace) -> None:
     from synclane import dashboard
     from synclane.demo import build_demo
-    from synclane.worker import Worker
 
     # The demo's rows go to schema "demo" beside "synclane", or "<schema>_demo" beside another.
     data_schema = "demo" if args.schema == "synclane" else f"{args.schema}_demo"
@@ -286,7 +283,7 @@ def cmd_demo(args: argparse.Namespace) -> None:
     print("Ctrl-C stops it; `synclane --app synclane.demo.app:app jobs` shows the table.")
     added = app.plan()
     print(f"planned {sum(added.values())} job(s) for 4 accounts", flush=True)
-    worker = Worker(app, None, args.seconds)
+    worker = app.worker(None, args.seconds)
     try:
         report = worker.run()
     finally:

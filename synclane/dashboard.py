@@ -27,8 +27,8 @@ from urllib.parse import urlsplit
 import psycopg
 
 from synclane.app import REQUEUE_STATUSES, DatabaseUnavailable, SyncLane
+from synclane.errors import SchemaError
 from synclane.model import ConfigError
-from synclane.store import SchemaError
 
 if TYPE_CHECKING:
     import pandas as pd

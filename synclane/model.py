@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Literal
 
 STATUSES = ("pending", "running", "completed", "failed", "deferred", "abandoned", "cancelled")
 MODES = ("initial", "recurring", "manual")
 Mode = Literal["initial", "recurring", "manual"]
 
-# Longest text synclane stores for a name (queue, owner, lane, type) and for an error.
+# Longest text synclane stores for a name (queue, owner, lane, type, dedup key), in bytes of
+# UTF-8: four of them make one entry of the dedup index, which must fit PostgreSQL's btree limit
+# (about 2,700 bytes) whatever the script. And the longest error, in characters.
 MAX_NAME_LENGTH = 512
 MAX_ERROR_LENGTH = 2000
 # The longest duration a setting may have. Longer ones overflow PostgreSQL's timestamps (or
@@ -22,6 +24,10 @@ MAX_DURATION = timedelta(days=36525)
 MAX_SLICES = 100_000
 # processed_count is a bigint.
 MAX_COUNT = 2**63 - 1
+# The instants a window or a filter may name: a day inside Python's years on either side, so
+# that no conversion (a time zone, a day's arithmetic) leaves them.
+EARLIEST = datetime(1, 1, 2, tzinfo=UTC)
+LATEST = datetime(9999, 12, 30, tzinfo=UTC)
 
 
 class ConfigError(ValueError):
@@ -34,11 +40,15 @@ def check_name(what: str, value: object) -> str:
         raise ConfigError(f"{what} must be a str, got {type(value).__name__} {value!r:.100}")
     if not value:
         raise ConfigError(f"{what} must not be empty")
-    if len(value) > MAX_NAME_LENGTH:
-        raise ConfigError(f"{what} is {len(value)} characters long; keep it to {MAX_NAME_LENGTH}")
     problem = unstorable(value)
     if problem:
         raise ConfigError(f"{what} {value!r:.100} contains {problem}")
+    size = len(value.encode("utf-8"))
+    if size > MAX_NAME_LENGTH:
+        raise ConfigError(
+            f"{what} is {size} bytes long in UTF-8 ({len(value)} characters); keep it to "
+            f"{MAX_NAME_LENGTH} bytes"
+        )
     return value
 
 
@@ -92,7 +102,9 @@ def check_slices(name: str, horizon: timedelta, slice: timedelta) -> None:
 
 
 def check_aware(setting: str, value: datetime | None) -> datetime | None:
-    """Windows are instants: a naive datetime would mean a different time on every machine."""
+    """An instant that PostgreSQL stores and Python reads back: aware (a naive datetime would
+    mean a different time on every machine) and inside Python's years once in UTC (datetime.max
+    west of UTC is the year 10000 in UTC: stored, then unreadable). Returned in UTC."""
     if value is None:
         return None
     if not isinstance(value, datetime):
@@ -102,20 +114,37 @@ def check_aware(setting: str, value: datetime | None) -> datetime | None:
             f"{setting}={value!r} has no time zone; pass an aware datetime such as "
             "datetime(2026, 1, 1, tzinfo=timezone.utc)"
         )
-    return value
+    try:
+        utc = value.astimezone(UTC)
+    except (OverflowError, ValueError):
+        utc = None
+    if utc is None or not EARLIEST <= utc <= LATEST:
+        raise ConfigError(
+            f"{setting}={value.isoformat()} is outside the years synclane reads back "
+            f"({EARLIEST.year}–{LATEST.year} in UTC); for an open end pass None"
+        )
+    plain = getattr(utc, "to_pydatetime", None)  # a pandas Timestamp
+    result: datetime = plain() if callable(plain) else utc
+    return result
 
 
 @dataclass(frozen=True)
 class Owner:
-    """One connected account. Owners that share a rate limit share a lane."""
+    """One connected account. Owners that share a rate limit share a lane.
+
+    Building one never raises: an owner source that makes one Owner PostgreSQL cannot store
+    must not lose the others. The planner checks each owner (`check()`) and leaves out, with
+    one logged line, those it cannot store."""
 
     id: str
     lane: str | None = None
 
-    def __post_init__(self) -> None:
+    def check(self) -> Owner:
+        """This owner, or a ConfigError saying why its id or lane cannot be stored."""
         check_name("Owner id", self.id)
         if self.lane is not None:
-            check_name(f"lane of owner {self.id!r}", self.lane)
+            check_name(f"lane of owner {self.id!r:.100}", self.lane)
+        return self
 
     @property
     def lane_key(self) -> str:

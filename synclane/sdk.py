@@ -1,8 +1,10 @@
-"""The notebook SDK behind `SyncLane.jobs`, `progress`, `failures`, `depth`, `lanes`, `coverage`
-and `throughput`: each checks its filters, runs one statement of sql/reads.sql that aggregates
-in the database, and returns a typed DataFrame (synclane.frames). docs/sdk.md has every column.
+"""The notebook SDK: `jobs`, `progress`, `failures`, `depth`, `lanes`, `coverage` and
+`throughput`. Each checks its filters, runs one statement of sql/reads.sql that aggregates in the
+database, and returns a typed DataFrame (synclane.frames). docs/sdk.md has every column.
 
-Imported only when a frame is asked for, so `import synclane` and the workers never load pandas.
+`Reads` carries the calls; SyncLane inherits them. A Reads needs exactly two things: `database`
+(where to read) and `catalog` (the declared queues, to check a queue's name). pandas is imported
+only when a frame is made, so `import synclane` and the workers never load it.
 """
 
 from __future__ import annotations
@@ -11,14 +13,13 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from synclane import frames
-from synclane.app import REQUEUE_STATUSES
-from synclane.model import STATUSES, ConfigError, check_aware, to_duration
+from synclane.connection import Database
+from synclane.model import MAX_DURATION, STATUSES, ConfigError, check_aware, to_duration
+from synclane.operations import REQUEUE_STATUSES, job_id_list
+from synclane.queues import Catalog
 
 if TYPE_CHECKING:
     import pandas as pd
-
-    from synclane.app import SyncLane
 
 # A point in time for a filter: an aware datetime, or a timedelta meaning that long before now
 # (on the database clock).
@@ -33,169 +34,214 @@ IDS_SHOWN = 20
 MAX_PERIODS = 100_000
 
 
-def jobs(
-    app: SyncLane,
-    queue: str | None,
-    owner: str | None,
-    status: str | Sequence[str] | None,
-    type: str | None,
-    limit: int,
-    *,
-    lane: str | None,
-    ids: Sequence[int] | None,
-    since: When,
-    until: When,
-    full_errors: bool,
-) -> pd.DataFrame:
-    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
-        raise ConfigError(f"limit={limit!r} must be a whole number >= 1")
-    params = {
-        "queue": _queue(app, queue),
-        "owner": owner,
-        "type": type,
-        "lane": lane,
-        "statuses": _statuses("status", status, STATUSES),
-        "ids": _ids(ids),
-        "limit": limit,
-        **_range(since, until),
-        **_errors(full_errors),
-    }
-    return frames.typed_frame(*_rows(app, "list_jobs", params))
+class Reads:
+    """The notebook SDK's calls. A subclass provides `database` and `catalog`."""
 
+    database: Database
+    catalog: Catalog
 
-def progress(
-    app: SyncLane,
-    queue: str,
-    owner: str | None,
-    type: str | None,
-    *,
-    state: str | Sequence[str] | None,
-    recent: timedelta | float,
-) -> pd.DataFrame:
-    params = {
-        "queue": app.get_queue(queue).name,
-        "owner": owner,
-        "type": type,
-        "states": _statuses("state", state, frames.STATES),
-        "recent": to_duration("recent", recent),
-    }
-    return frames.typed_frame(*_rows(app, "progress", params))
+    def jobs(
+        self,
+        queue: str | None = None,
+        owner: str | None = None,
+        status: str | Sequence[str] | None = None,
+        type: str | None = None,
+        limit: int = 1000,
+        *,
+        lane: str | None = None,
+        ids: Sequence[int] | None = None,
+        since: When = None,
+        until: When = None,
+        full_errors: bool = False,
+    ) -> pd.DataFrame:
+        """Jobs as a DataFrame, newest first; `since`/`until` bound `created_at`. Errors are cut
+        to their first line unless `full_errors`."""
+        if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= MAX_LIMIT:
+            raise ConfigError(
+                f"limit={limit!r:.100} must be a whole number from 1 to {MAX_LIMIT:,}"
+            )
+        params = {
+            "queue": self._queue(queue),
+            "owner": owner,
+            "type": type,
+            "lane": lane,
+            "statuses": _statuses("status", status, STATUSES),
+            "ids": None if ids is None else job_id_list(ids),
+            "limit": limit,
+            **_range(since, until),
+            **_errors(full_errors),
+        }
+        return self._frame("list_jobs", params)
 
+    def progress(
+        self,
+        queue: str,
+        owner: str | None = None,
+        type: str | None = None,
+        *,
+        state: str | Sequence[str] | None = None,
+        recent: timedelta | float = timedelta(hours=1),
+    ) -> pd.DataFrame:
+        """One row per owner and type: how far the first load is, its state and an ETA from the
+        slices completed in the last `recent`."""
+        from synclane.frames import STATES
 
-def failures(
-    app: SyncLane,
-    queue: str | None,
-    owner: str | None,
-    type: str | None,
-    *,
-    status: str | Sequence[str] | None,
-    since: When,
-    until: When,
-    full_errors: bool,
-) -> pd.DataFrame:
-    params = {
-        "queue": _queue(app, queue),
-        "owner": owner,
-        "type": type,
-        "statuses": _statuses("status", status, REQUEUE_STATUSES),
-        "ids_shown": IDS_SHOWN,
-        **_range(since, until),
-        **_errors(full_errors),
-    }
-    return frames.typed_frame(*_rows(app, "failures", params))
+        params = {
+            "queue": self.catalog.get(queue).name,
+            "owner": owner,
+            "type": type,
+            "states": _statuses("state", state, STATES),
+            "recent": to_duration("recent", recent),
+        }
+        return self._frame("progress", params)
 
+    def failures(
+        self,
+        queue: str | None = None,
+        owner: str | None = None,
+        type: str | None = None,
+        *,
+        status: str | Sequence[str] | None = None,
+        since: When = None,
+        until: When = None,
+        full_errors: bool = False,
+    ) -> pd.DataFrame:
+        """Open failures (failed, deferred, abandoned) grouped by cause: the error's first line
+        with numbers, hex strings and UUIDs masked, and a short `cause_id`.
+        `requeue(queue, cause=...)` or `requeue(queue, cause_id=...)` takes a row's cause."""
+        params = {
+            "queue": self._queue(queue),
+            "owner": owner,
+            "type": type,
+            "statuses": _statuses("status", status, REQUEUE_STATUSES),
+            "ids_shown": IDS_SHOWN,
+            **_range(since, until),
+            **_errors(full_errors),
+        }
+        return self._frame("failures", params)
 
-def depth(
-    app: SyncLane,
-    queue: str | None,
-    owner: str | None,
-    type: str | None,
-    *,
-    status: str | Sequence[str] | None,
-) -> pd.DataFrame:
-    params = {
-        "queue": _queue(app, queue),
-        "owner": owner,
-        "type": type,
-        "statuses": _statuses("status", status, OPEN),
-    }
-    return frames.typed_frame(*_rows(app, "depth", params))
+    def depth(
+        self,
+        queue: str | None = None,
+        owner: str | None = None,
+        type: str | None = None,
+        *,
+        status: str | Sequence[str] | None = None,
+    ) -> pd.DataFrame:
+        """Open jobs counted by queue, lane and status."""
+        params = {
+            "queue": self._queue(queue),
+            "owner": owner,
+            "type": type,
+            "statuses": _statuses("status", status, OPEN),
+        }
+        return self._frame("depth", params)
 
+    def lanes(self, queue: str | None = None, *, lane: str | None = None) -> pd.DataFrame:
+        """One row per lane with open jobs: what runs there now, who holds it, since when."""
+        return self._frame("lanes", {"queue": self._queue(queue), "lane": lane})
 
-def lanes(app: SyncLane, queue: str | None, *, lane: str | None) -> pd.DataFrame:
-    params = {"queue": _queue(app, queue), "lane": lane}
-    return frames.typed_frame(*_rows(app, "lanes", params))
+    def coverage(
+        self,
+        queue: str,
+        owner: str | None = None,
+        type: str | None = None,
+        *,
+        status: str | Sequence[str] | None = None,
+        since: When = None,
+        until: When = None,
+    ) -> pd.DataFrame:
+        """The windows of each owner and type as spans with a status, ready for a timeline
+        (synclane.plots.coverage_timeline)."""
+        params = {
+            "queue": self.catalog.get(queue).name,
+            "owner": owner,
+            "type": type,
+            "statuses": _statuses("status", status, STATUSES),
+            **_range(since, until),
+        }
+        return self._frame("coverage", params)
 
+    def throughput(
+        self,
+        queue: str | None = None,
+        owner: str | None = None,
+        type: str | None = None,
+        *,
+        since: When = None,
+        until: When = None,
+        every: timedelta | float = timedelta(minutes=1),
+        by: str | None = None,
+    ) -> pd.DataFrame:
+        """Records and completed jobs per period (a minute by default) over the last hour, or
+        `since`..`until`; `by` splits them per queue, owner, lane or type."""
+        step = to_duration("every", every)
+        if step < timedelta(seconds=1):
+            raise ConfigError(f"every={step} is shorter than a second; use e.g. every=60")
+        if by is not None and by not in BY:
+            raise ConfigError(f"by={by!r}: throughput groups by one of {', '.join(BY)}, or None")
+        since = timedelta(hours=1) if since is None else since
+        until = timedelta(0) if until is None else until
+        bounds = _range(since, until)
+        # Checked on this machine's clock: only the size of the answer depends on it.
+        now = datetime.now(UTC)
+        start = (bounds["since"] or now - bounds["since_ago"]).astimezone(UTC)
+        end = (bounds["until"] or now - bounds["until_ago"]).astimezone(UTC)
+        if end <= start:
+            raise ConfigError(
+                f"since ({start:%Y-%m-%d %H:%M:%S} UTC) must be before until "
+                f"({end:%Y-%m-%d %H:%M:%S} UTC)"
+            )
+        if (end - start) / step > MAX_PERIODS:
+            raise ConfigError(
+                f"{(end - start) / step:,.0f} periods of {step} between since and until; ask "
+                f"for at most {MAX_PERIODS:,} (a larger `every` or a shorter range)"
+            )
+        params = {
+            "queue": self._queue(queue),
+            "owner": owner,
+            "type": type,
+            "every": step.total_seconds(),
+            "by": by,
+            **bounds,
+        }
+        from synclane import frames
 
-def coverage(
-    app: SyncLane,
-    queue: str,
-    owner: str | None,
-    type: str | None,
-    *,
-    status: str | Sequence[str] | None,
-    since: When,
-    until: When,
-) -> pd.DataFrame:
-    params = {
-        "queue": app.get_queue(queue).name,
-        "owner": owner,
-        "type": type,
-        "statuses": _statuses("status", status, STATUSES),
-        **_range(since, until),
-    }
-    return frames.typed_frame(*_rows(app, "coverage", params))
+        return frames.throughput_frame(*self._rows("throughput", params), by)
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def _queue(self, queue: str | None) -> str | None:
+        return None if queue is None else self.catalog.get(queue).name
+
+    def _frame(self, name: str, params: Mapping[str, Any]) -> pd.DataFrame:
+        from synclane import frames
+
+        return frames.typed_frame(*self._rows(name, params))
+
+    def _rows(
+        self, name: str, params: Mapping[str, Any]
+    ) -> tuple[list[str], list[tuple[Any, ...]]]:
+        """One read statement: column names and rows."""
+        _check_text(params)
+        with self.database.connection() as conn, conn.transaction():
+            # Short aggregates over many rows: compiling them (JIT) costs more than it saves
+            # (bench/sdk.py: progress() over 1M jobs, 0.5 s with JIT, 0.12 s without).
+            conn.execute("SET LOCAL jit = off")
+            # Filters read `(%(owner)s IS NULL OR owner = %(owner)s)`: only a plan made for the
+            # values given turns that into an index lookup, also once psycopg has prepared the
+            # statement (after five calls) and PostgreSQL would switch to a generic plan.
+            conn.execute("SET LOCAL plan_cache_mode = force_custom_plan")
+            cur = conn.execute(self.database.store.query(name), params)
+            return [d.name for d in cur.description or []], cur.fetchall()
 
 
 BY = ("queue", "owner", "lane", "type")
-
-
-def throughput(
-    app: SyncLane,
-    queue: str | None,
-    owner: str | None,
-    type: str | None,
-    *,
-    since: When,
-    until: When,
-    every: timedelta | float,
-    by: str | None,
-) -> pd.DataFrame:
-    step = to_duration("every", every)
-    if step < timedelta(seconds=1):
-        raise ConfigError(f"every={step} is shorter than a second; use e.g. every=60")
-    if by is not None and by not in BY:
-        raise ConfigError(f"by={by!r}: throughput groups by one of {', '.join(BY)}, or None")
-    since = timedelta(hours=1) if since is None else since
-    until = timedelta(0) if until is None else until
-    bounds = _range(since, until)
-    # Checked on this machine's clock: only the size of the answer depends on it.
-    now = datetime.now(UTC)
-    start = (bounds["since"] or now - bounds["since_ago"]).astimezone(UTC)
-    end = (bounds["until"] or now - bounds["until_ago"]).astimezone(UTC)
-    if end <= start:
-        raise ConfigError(
-            f"since ({start:%Y-%m-%d %H:%M:%S} UTC) must be before until "
-            f"({end:%Y-%m-%d %H:%M:%S} UTC)"
-        )
-    if (end - start) / step > MAX_PERIODS:
-        raise ConfigError(
-            f"{(end - start) / step:,.0f} periods of {step} between since and until; ask for "
-            f"at most {MAX_PERIODS:,} (a larger `every` or a shorter range)"
-        )
-    params = {
-        "queue": _queue(app, queue),
-        "owner": owner,
-        "type": type,
-        "every": step.total_seconds(),
-        "by": by,
-        **bounds,
-    }
-    return frames.throughput_frame(*_rows(app, "throughput", params), by)
+# The most rows jobs() returns at once.
+MAX_LIMIT = 1_000_000
 
 
 # -- filters ---------------------------------------------------------------------------------
-
 
 TEXT_FILTERS = ("queue", "owner", "type", "lane", "cause")
 
@@ -216,25 +262,6 @@ def _check_text(params: Mapping[str, Any]) -> None:
             raise ConfigError(f"{key} {value!r} is not valid Unicode text") from None
 
 
-def _rows(
-    app: SyncLane, name: str, params: Mapping[str, Any]
-) -> tuple[list[str], list[tuple[Any, ...]]]:
-    _check_text(params)
-    with app.connection() as conn, conn.transaction():
-        # Short aggregates over many rows: compiling them (JIT) costs more than it saves
-        # (bench/sdk.py: progress() over 1M jobs, 0.5 s with JIT, 0.12 s without).
-        conn.execute("SET LOCAL jit = off")
-        # Filters read `(%(owner)s IS NULL OR owner = %(owner)s)`: only a plan made for the
-        # values given turns that into an index lookup, also once psycopg has prepared the
-        # statement (after five calls) and PostgreSQL would switch to a generic plan.
-        conn.execute("SET LOCAL plan_cache_mode = force_custom_plan")
-        return app.store.rows(conn, name, params)
-
-
-def _queue(app: SyncLane, queue: str | None) -> str | None:
-    return None if queue is None else app.get_queue(queue).name
-
-
 def _statuses(
     what: str, value: str | Sequence[str] | None, allowed: Sequence[str]
 ) -> list[str] | None:
@@ -247,21 +274,19 @@ def _statuses(
     return values
 
 
-def _ids(ids: Sequence[int] | None) -> list[int] | None:
-    # numpy integers (a frame's `id` column) become plain ones
-    return None if ids is None else [int(i) for i in ids]
-
-
 def _instant(name: str, value: When) -> tuple[datetime | None, timedelta | None]:
     """A datetime as it is, a timedelta as 'that long ago' (negative: from now on)."""
     if value is None:
         return None, None
     if isinstance(value, timedelta):
+        if abs(value) > MAX_DURATION:
+            raise ConfigError(
+                f"{name}={value} reaches further than 100 years from now; pass a shorter "
+                "timedelta, or an aware datetime"
+            )
         return None, value
     if isinstance(value, datetime):
-        check_aware(name, value)
-        plain = getattr(value, "to_pydatetime", None)  # a pandas Timestamp
-        return (plain() if callable(plain) else value), None
+        return check_aware(name, value), None
     raise ConfigError(
         f"{name} must be an aware datetime or a timedelta (that long ago), got "
         f"{type(value).__name__} {value!r}"

@@ -1,21 +1,20 @@
-"""The only module that runs SQL. It knows statements and rows, nothing of handlers or owners."""
+"""Every statement synclane runs, by name, rendered for one schema; and the schema itself.
+
+The statements live in sql/*.sql under `-- name: x` headers, each with a line saying what it
+guarantees; the module that uses a statement runs it (`Store.query(name)`). This module applies
+and checks the schema (sql/schema.sql) and knows nothing of handlers or owners."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from datetime import datetime, timedelta
 from importlib import resources
 from typing import Any
-from uuid import UUID
 
 import psycopg
 from psycopg import sql
-from psycopg.rows import dict_row
 
+from synclane.errors import SchemaError, first_line
 from synclane.model import ConfigError, unstorable
-from synclane.planning import NewJob
 
 SCHEMA_VERSION = 2  # 2 added the index jobs_open_lanes
 # How many jobs at the front of the line the take statement looks at before it searches lane by
@@ -89,39 +88,8 @@ def check_schema_name(schema: object) -> str:
     return schema
 
 
-@dataclass(frozen=True)
-class TakenJob:
-    id: int
-    queue: str
-    owner: str
-    lane: str
-    type: str
-    mode: str
-    window_start: datetime | None
-    window_end: datetime | None
-    cursor: str | None
-    attempt_count: int
-    throttle_count: int
-    processed_count: int
-    lease_token: UUID
-    previous_status: str
-
-
-@dataclass(frozen=True)
-class Taken:
-    """What one take statement did: the ids it completed, the jobs it took (best first)."""
-
-    completed: frozenset[int]
-    jobs: list[TakenJob]
-
-
-class SchemaError(RuntimeError):
-    """The schema is missing, or was made by a newer synclane."""
-
-
 class Store:
-    """Statements bound to one schema. Sync methods take a Connection, async ones (a_*) an
-    AsyncConnection; every method is one statement (or one transaction, for migrate)."""
+    """The statements, rendered once for one schema, and the schema's version."""
 
     def __init__(self, schema: str) -> None:
         self.schema = check_schema_name(schema)
@@ -155,13 +123,13 @@ class Store:
         except psycopg.errors.InsufficientPrivilege as error:
             raise SchemaError(
                 f"schema {self.schema!r} cannot be created or upgraded by this role "
-                f"({_first_line(error)}); run app.migrate() (or `synclane migrate`) once as a "
+                f"({first_line(error)}); run app.migrate() (or `synclane migrate`) once as a "
                 "role that may, or apply docs/schema.sql, then start with create_schema=False"
             ) from None
         except psycopg.DatabaseError as error:
             # The DDL is idempotent on synclane's own tables; it fails on someone else's.
             raise SchemaError(
-                f"schema {self.schema!r} could not be set up ({_first_line(error)}): it holds "
+                f"schema {self.schema!r} could not be set up ({first_line(error)}): it holds "
                 "tables synclane did not create, such as a jobs table of your own; give synclane "
                 "a schema of its own"
             ) from None
@@ -189,179 +157,3 @@ class Store:
                 f"{version}, this one knows {SCHEMA_VERSION}); upgrade synclane instead of "
                 "letting an older one write to it"
             )
-
-    # -- planning -------------------------------------------------------------------------
-
-    def plan_read(
-        self,
-        conn: psycopg.Connection[Any],
-        queue: str,
-        owners: Sequence[str],
-        types: Sequence[tuple[str, bool]],
-    ) -> tuple[datetime, list[dict[str, Any]]]:
-        """One read: the database clock and, per owner and type, what exists."""
-        with conn.cursor(row_factory=dict_row) as cur:
-            if not owners or not types:
-                row = cur.execute(self.query("database_now")).fetchone()
-                assert row is not None
-                return row["now"], []
-            rows = cur.execute(
-                self.query("plan_read"),
-                {
-                    "queue": queue,
-                    "owners": list(owners),
-                    "types": [name for name, _ in types],
-                    "windowed": [windowed for _, windowed in types],
-                },
-            ).fetchall()
-        return rows[0]["now"], rows
-
-    def insert_jobs(self, conn: psycopg.Connection[Any], queue: str, jobs: Sequence[NewJob]) -> int:
-        """One insert; returns how many rows were new."""
-        if not jobs:
-            return 0
-        cur = conn.execute(
-            self.query("insert_jobs"),
-            {
-                "queue": queue,
-                "owners": [j.owner for j in jobs],
-                "lanes": [j.lane for j in jobs],
-                "types": [j.type for j in jobs],
-                "modes": [j.mode for j in jobs],
-                "priorities": [j.priority for j in jobs],
-                "starts": [j.window_start for j in jobs],
-                "ends": [j.window_end for j in jobs],
-                "keys": [j.dedup_key for j in jobs],
-            },
-        )
-        return cur.rowcount
-
-    # -- operations -----------------------------------------------------------------------
-
-    def enqueue(self, conn: psycopg.Connection[Any], params: Mapping[str, Any]) -> tuple[int, bool]:
-        """Returns the job id and whether it is new (False: the dedup key named an existing job)."""
-        row = conn.execute(self.query("enqueue_job"), params).fetchone()
-        if row is not None:
-            return row[0], True
-        row = conn.execute(self.query("job_by_dedup_key"), params).fetchone()
-        assert row is not None, "a dedup conflict names an existing row"
-        return row[0], False
-
-    def owner_lane(self, conn: psycopg.Connection[Any], queue: str, owner: str) -> str | None:
-        row = conn.execute(self.query("owner_lane"), {"queue": queue, "owner": owner}).fetchone()
-        return None if row is None else row[0]
-
-    def requeue(
-        self,
-        conn: psycopg.Connection[Any],
-        queue: str,
-        owner: str | None,
-        type: str | None,
-        statuses: Iterable[str],
-        ids: Sequence[int] | None,
-        cause: str | None = None,
-        cause_id: str | None = None,
-    ) -> list[int]:
-        params = {
-            "cause_id": cause_id,
-            "queue": queue,
-            "owner": owner,
-            "type": type,
-            "statuses": list(statuses),
-            "ids": None if ids is None else list(ids),
-            "cause": cause,
-        }
-        return [row[0] for row in conn.execute(self.query("requeue_jobs"), params).fetchall()]
-
-    def cancel(
-        self, conn: psycopg.Connection[Any], queue: str, owner: str, type: str | None, error: str
-    ) -> list[int]:
-        params = {"queue": queue, "owner": owner, "type": type, "error": error}
-        return [row[0] for row in conn.execute(self.query("cancel_jobs"), params).fetchall()]
-
-    def rows(
-        self, conn: psycopg.Connection[Any], name: str, params: Mapping[str, Any]
-    ) -> tuple[list[str], list[tuple[Any, ...]]]:
-        """A read for a DataFrame: column names and rows."""
-        cur = conn.execute(self.query(name), params)
-        return [d.name for d in cur.description or []], cur.fetchall()
-
-    # -- worker (async) -------------------------------------------------------------------
-
-    async def a_take(
-        self,
-        conn: psycopg.AsyncConnection[Any],
-        queue: str,
-        worker: str,
-        lease: timedelta,
-        done: Sequence[Mapping[str, Any]] = (),
-        plain: int = 1,
-    ) -> Taken:
-        """One statement for the slots of a worker that ask at the same instant: completes the
-        jobs in `done` (each with id, token and count) under their lease guards, and takes one
-        job for each completion that went through plus `plain` more, from the front of the line,
-        in distinct free lanes. May take fewer (the front waits behind busy lanes, or is short):
-        take_by_lane then looks further. Raises psycopg.errors.UniqueViolation when another
-        worker won a lane at the same instant; nothing was written then, the completions
-        included, and the caller asks again."""
-        cur = conn.cursor(row_factory=dict_row)
-        params = {
-            "queue": queue,
-            "worker": worker,
-            "lease": lease,
-            "front": FRONT_SIZE,
-            "plain": plain,
-            "done_ids": [job["id"] for job in done],
-            "done_tokens": [job["token"] for job in done],
-            "done_counts": [job["count"] for job in done],
-        }
-        await cur.execute(self.query("take_front"), params)
-        rows = await cur.fetchall()
-        jobs = []
-        for row in rows:
-            del row["priority"]
-            completed = row.pop("completed")
-            if row["id"] is not None:
-                jobs.append(TakenJob(**row))
-        return Taken(frozenset(completed), jobs)
-
-    async def a_take_by_lane(
-        self, conn: psycopg.AsyncConnection[Any], queue: str, worker: str, lease: timedelta
-    ) -> TakenJob | None:
-        """Takes one job looking lane by lane: for when the front of the line waits behind busy
-        lanes. Raises UniqueViolation like a_take."""
-        cur = conn.cursor(row_factory=dict_row)
-        params = {"queue": queue, "worker": worker, "lease": lease}
-        await cur.execute(self.query("take_by_lane"), params)
-        row = await cur.fetchone()
-        return None if row is None else TakenJob(**row)
-
-    async def a_guarded(
-        self, conn: psycopg.AsyncConnection[Any], name: str, params: Mapping[str, Any]
-    ) -> bool:
-        """Runs a statement guarded by id, lease token and status: False when the lease is lost."""
-        cur = await conn.execute(self.query(name), params)
-        if name == "throttle_job":
-            return (await cur.fetchone()) is not None
-        return cur.rowcount > 0
-
-    async def a_fail(
-        self, conn: psycopg.AsyncConnection[Any], params: Mapping[str, Any]
-    ) -> tuple[str, datetime] | None:
-        cur = await conn.execute(self.query("fail_job"), params)
-        row = await cur.fetchone()
-        return None if row is None else (row[0], row[1])
-
-    async def a_reclaim(
-        self, conn: psycopg.AsyncConnection[Any], queue: str, max_attempts: int
-    ) -> list[dict[str, Any]]:
-        cur = conn.cursor(row_factory=dict_row)
-        await cur.execute(
-            self.query("reclaim_expired"), {"queue": queue, "max_attempts": max_attempts}
-        )
-        return await cur.fetchall()
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__

@@ -45,7 +45,6 @@ from synclane.prefect.operations import (
     watch_history,
     widen_history,
 )
-from synclane.worker import Worker
 
 pytestmark = pytest.mark.prefect
 
@@ -192,7 +191,7 @@ def test_an_interrupted_wait_hands_the_job_back_with_its_cursor(lane: SyncLane) 
     threading.Thread(target=interrupt_mid_page, daemon=True).start()
     try:
         with pytest.raises(KeyboardInterrupt):
-            run_worker_until_stopped(Worker(lane, ["slow"], 60))
+            run_worker_until_stopped(lane.worker(["slow"], 60))
     finally:
         prefect_app.RELEASE.set()
     job = lane.jobs("slow").iloc[0]
@@ -203,7 +202,7 @@ def test_an_interrupted_wait_hands_the_job_back_with_its_cursor(lane: SyncLane) 
 
 def test_a_worker_that_ends_by_itself_returns_its_report(lane: SyncLane) -> None:
     lane.plan("shops")
-    report = run_worker_until_stopped(Worker(lane, ["shops"], 20, until_idle=True))
+    report = run_worker_until_stopped(lane.worker(["shops"], 20, until_idle=True))
     assert report == {"completed": 10, "failed": 2}
 
 

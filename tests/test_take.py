@@ -14,7 +14,9 @@ from psycopg import errors, sql
 from workers import job_row
 
 from synclane import Page, SyncLane
-from synclane.store import WORKER_SESSION, Store, Taken
+from synclane.store import WORKER_SESSION, Store
+from synclane.worker.taker import Batch as Taken
+from synclane.worker.taker import Finished, take_front
 
 LEASE = timedelta(minutes=5)
 
@@ -40,7 +42,8 @@ async def _take(
             await conn.execute(setting)
         done = done or []
         wanted = (0 if done else 1) if plain is None else plain
-        return await Store(schema).a_take(conn, "shops", "worker-1", LEASE, done, wanted)
+        finished = [Finished(job["id"], job["token"], job["count"]) for job in done]
+        return await take_front(conn, Store(schema), "shops", "worker-1", LEASE, finished, wanted)
 
 
 def _done(took: Taken) -> list[dict[str, Any]]:

@@ -72,7 +72,7 @@ def running_worker(
     app: SyncLane, queues: list[str] | None = None, **options: Any
 ) -> Iterator[Worker]:
     """A worker in a thread of this process, stopped (jobs handed back) when the block ends."""
-    worker = Worker(app, queues, **options)
+    worker = app.worker(queues, **options)
     errors: list[BaseException] = []
 
     def target() -> None:

@@ -114,11 +114,9 @@ def work(
     """Run worker slots for `budget_seconds` (or until nothing is left with `until_idle`), then
     hand running jobs back with their cursors and return what the slots did. A cancelled run
     hands its jobs back through the same path before it ends."""
-    from synclane.worker import Worker
-
     app = app_for(database, app_path)
     logger = get_run_logger()
-    worker = Worker(app, queues, budget_seconds, until_idle=until_idle)
+    worker = app.worker(queues, budget_seconds, until_idle=until_idle)
     logger.info(
         "working queues %s for up to %.0f s as %s",
         ", ".join(q.name for q in worker.queues),

@@ -1,0 +1,194 @@
+"""The database synclane keeps its table in: the DSN (checked, and never shown with its
+secrets), the shared connection for operations, the schema check, and pools for workers."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import threading
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg_pool import AsyncConnectionPool
+
+from synclane.errors import DatabaseUnavailable
+from synclane.model import ConfigError
+from synclane.store import WORKER_SESSION, Store
+
+# libpq parameters whose values are secrets
+_SECRETS = ("password", "sslpassword")
+_KEY_VALUE_SECRET = re.compile(r"\b(password|sslpassword)\s*=\s*('(?:[^'\\]|\\.)*'|\S+)", re.I)
+
+
+def redact(dsn: str) -> str:
+    """The DSN without its secrets (password, sslpassword), for messages and reprs. What libpq
+    cannot parse is not shown at all: a password may sit anywhere in it."""
+    try:
+        params = conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError:
+        return "<a connection string libpq cannot parse>"
+    if not any(params.get(key) for key in _SECRETS):
+        return dsn
+    shown = None
+    if "://" in dsn:
+        with contextlib.suppress(ValueError):  # urllib refuses some URLs libpq takes
+            shown = _redact_url(dsn)
+    else:
+        shown = _KEY_VALUE_SECRET.sub(r"\1=***", dsn)
+    if shown is not None and _hides_secrets(shown):
+        return shown
+    # a secret where the rewrite does not reach (a percent-encoded key): rebuild it from libpq's
+    return make_conninfo("", **{k: ("***" if k in _SECRETS else v) for k, v in params.items()})
+
+
+def _redact_url(dsn: str) -> str:
+    parts = urlsplit(dsn)
+    if parts.password is not None:
+        userinfo, _, hostinfo = parts.netloc.rpartition("@")
+        parts = parts._replace(netloc=f"{userinfo.split(':', 1)[0]}:***@{hostinfo}")
+    query = "&".join(
+        f"{item.split('=', 1)[0]}=***" if item.split("=", 1)[0].lower() in _SECRETS else item
+        for item in parts.query.split("&")
+    )
+    return urlunsplit(parts._replace(query=query))
+
+
+def _hides_secrets(shown: str) -> bool:
+    try:
+        params = conninfo_to_dict(shown)
+    except psycopg.ProgrammingError:
+        return False
+    return all(params.get(key) in (None, "***") for key in _SECRETS)
+
+
+def secrets_of(dsn: str) -> list[str]:
+    """The secret values a DSN holds (password, sslpassword), for hiding them in any text."""
+    try:
+        params = conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError:
+        return []
+    return [value for key in _SECRETS if isinstance(value := params.get(key), str) and value]
+
+
+def check_dsn(dsn: str) -> None:
+    """Refuse what libpq cannot parse now, with a message that quotes none of it (a password
+    may sit anywhere in a broken string)."""
+    try:
+        conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError as error:
+        first = str(error).splitlines()[0] if str(error) else "unreadable"
+        # libpq quotes pieces of the string; keep only one-character ones such as "="
+        reason = re.sub(r'"([^"]*)"', lambda m: m[0] if len(m[1]) <= 1 else '"…"', first)
+        raise ConfigError(
+            f"dsn is not a PostgreSQL connection string ({reason}); use "
+            "'postgresql://user:password@host:5432/dbname' or 'host=... dbname=...', "
+            "or None for the embedded PostgreSQL"
+        ) from None
+
+
+class Database:
+    """The database and schema of one app. `dsn=None` means $SYNCLANE_DSN when it is set, else
+    the embedded PostgreSQL."""
+
+    def __init__(self, dsn: str | None, schema: str) -> None:
+        if dsn is not None and (not isinstance(dsn, str) or not dsn.strip()):
+            raise ConfigError("dsn must be a PostgreSQL connection string, or None for embedded")
+        self.store = Store(schema)
+        self.schema = self.store.schema
+        if dsn is None:
+            dsn = os.environ.get("SYNCLANE_DSN") or None
+        if dsn is not None:
+            check_dsn(dsn)
+        self.embedded = dsn is None
+        if dsn is None:
+            from synclane.embedded import embedded_dsn
+
+            dsn = embedded_dsn()
+        self.dsn: str = dsn
+        self._conn: psycopg.Connection[Any] | None = None
+        self._lock = threading.RLock()
+        # With create_schema=False the schema is checked at the first operation instead, so
+        # that `SyncLane(..., create_schema=False).migrate()` works on an empty database.
+        self._schema_checked = False
+
+    @property
+    def where(self) -> str:
+        """The database for a message: never its password."""
+        return "the embedded PostgreSQL" if self.embedded else redact(self.dsn)
+
+    def connect(self) -> psycopg.Connection[Any]:
+        """A new autocommit connection on the database clock's time zone, UTC."""
+        try:
+            conn = psycopg.connect(
+                self.dsn, autocommit=True, connect_timeout=10, application_name="synclane"
+            )
+        except psycopg.OperationalError as error:
+            lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+            reason = lines[0] if lines else "no answer"
+            raise DatabaseUnavailable(
+                f"cannot connect to {self.where}: {reason}. Check the DSN and that PostgreSQL runs."
+            ) from None
+        conn.execute("SET TIME ZONE 'UTC'")
+        return conn
+
+    @contextmanager
+    def connection(self, *, check_schema: bool = True) -> Iterator[psycopg.Connection[Any]]:
+        """The shared connection for operations, reopened when it broke. Its first use checks
+        that the schema exists and was not made by a newer synclane."""
+        with self._lock:
+            if self._conn is None or self._conn.closed or self._conn.broken:
+                conn = self._conn = self.connect()
+                # Closed when the database object is collected or the interpreter exits.
+                weakref.finalize(self, conn.close)
+            try:
+                if check_schema and not self._schema_checked:
+                    self.store.check_version(self._conn)
+                    self._schema_checked = True
+                yield self._conn
+            except psycopg.OperationalError:
+                self._conn.close()
+                self._conn = None
+                raise
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+    def migrate(self) -> int:
+        """Create or upgrade the schema (idempotent; safe when several processes run it)."""
+        with self.connection(check_schema=False) as conn:
+            version = self.store.migrate(conn)
+        self._schema_checked = True
+        return version
+
+    def check_schema(self) -> None:
+        """Raise SchemaError unless the schema exists at the version this synclane knows."""
+        with self.connection():
+            pass
+
+    def worker_pool(self, size: int, *, wait: float) -> AsyncConnectionPool[Any]:
+        """A pool of autocommit connections set up for worker statements (not opened yet).
+        `wait`: how long a caller waits for a connection before the pool gives up."""
+        return AsyncConnectionPool(
+            self.dsn,
+            min_size=1,
+            max_size=size,
+            kwargs={"autocommit": True, "application_name": "synclane-worker"},
+            configure=_configure_worker,
+            open=False,
+            name="synclane",
+            timeout=wait,
+        )
+
+
+async def _configure_worker(conn: psycopg.AsyncConnection[Any]) -> None:
+    for setting in WORKER_SESSION:
+        await conn.execute(setting)

@@ -1,0 +1,177 @@
+"""Operations on jobs by hand: enqueue one, requeue stopped ones, cancel an owner's.
+
+Each checks its arguments first (a ConfigError naming the argument, nothing written), then runs
+its statements of sql/operations.sql on the app's shared connection.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterable, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+import psycopg
+
+from synclane.connection import Database
+from synclane.errors import storable
+from synclane.model import ConfigError, check_aware, check_name, unstorable
+from synclane.owners import connected_owners
+from synclane.queues import Catalog, Queue
+
+log = logging.getLogger("synclane")
+
+REQUEUE_STATUSES = ("failed", "deferred", "abandoned")
+MAX_ID = 2**63 - 1
+
+
+class Operations:
+    """enqueue, requeue, cancel and open_jobs for the queues of one catalog."""
+
+    def __init__(self, database: Database, catalog: Catalog, owners_timeout: timedelta) -> None:
+        self.database = database
+        self.catalog = catalog
+        self.owners_timeout = owners_timeout
+
+    def enqueue(
+        self,
+        queue: str,
+        owner: str,
+        type: str,
+        lane: str | None = None,
+        window_start: datetime | None = None,
+        window_end: datetime | None = None,
+        dedup_key: str | None = None,
+    ) -> int:
+        q = self.catalog.get(queue)
+        job_type = q.job_type(type)
+        check_name("owner", owner)
+        if lane is not None:
+            check_name("lane", lane)
+        window_start = check_aware("window_start", window_start)
+        window_end = check_aware("window_end", window_end)
+        if window_start is not None and window_end is not None and window_start >= window_end:
+            raise ConfigError(f"window_start={window_start} must be before window_end={window_end}")
+        if dedup_key is not None:
+            check_name("dedup_key", dedup_key)
+            if dedup_key.startswith(("initial", "recurring:")):
+                raise ConfigError(
+                    f"dedup_key {dedup_key!r}: keys starting with 'initial' or 'recurring:' "
+                    "belong to the planner; choose another prefix, e.g. 'manual:...'"
+                )
+        with self.database.connection() as conn:
+            if lane is None:
+                lane = self._lane_of(q, owner, conn)
+            params = {
+                "queue": q.name,
+                "owner": owner,
+                "lane": lane,
+                "type": job_type.name,
+                "priority": job_type.priority,
+                "window_start": window_start,
+                "window_end": window_end,
+                "dedup_key": dedup_key,
+            }
+            store = self.database.store
+            row = conn.execute(store.query("enqueue_job"), params).fetchone()
+            if row is None:  # the dedup key names an existing job: return it
+                row = conn.execute(store.query("job_by_dedup_key"), params).fetchone()
+                assert row is not None, "a dedup conflict names an existing row"
+        job_id: int = row[0]
+        return job_id
+
+    def _lane_of(self, queue: Queue, owner: str, conn: psycopg.Connection[Any]) -> str:
+        """An owner's lane: the owner source's word, else its newest job's, else its id."""
+        if queue.owner_source is not None:
+            timeout = self.owners_timeout.total_seconds()
+            for candidate in connected_owners(queue, timeout):
+                if candidate.id == owner:
+                    return candidate.lane_key
+        params = {"queue": queue.name, "owner": owner}
+        row = conn.execute(self.database.store.query("owner_lane"), params).fetchone()
+        return owner if row is None else str(row[0])
+
+    def requeue(
+        self,
+        queue: str,
+        owner: str | None = None,
+        type: str | None = None,
+        *,
+        ids: Sequence[int] | None = None,
+        include_cancelled: bool = False,
+        cause: str | None = None,
+        cause_id: str | None = None,
+    ) -> int:
+        q = self.catalog.get(queue)
+        if type is not None:
+            q.job_type(type)
+        if owner is not None:
+            check_name("owner", owner)
+        job_ids = None if ids is None else job_id_list(ids)
+        if cause is not None and (not isinstance(cause, str) or unstorable(cause)):
+            raise ConfigError(
+                f"cause={cause!r:.100} must be text as a row of failures() shows it, e.g. "
+                "'RuntimeError: order <n> not found'"
+            )
+        if cause_id is not None and (
+            not isinstance(cause_id, str) or not re.fullmatch(r"[0-9a-f]{8}", cause_id)
+        ):
+            raise ConfigError(
+                f"cause_id={cause_id!r:.100} must be the 8 hex digits that failures() shows in "
+                "its cause_id column, e.g. '3f2a9c1b'"
+            )
+        statuses = REQUEUE_STATUSES + (("cancelled",) if include_cancelled else ())
+        params = {
+            "queue": q.name,
+            "owner": owner,
+            "type": type,
+            "statuses": list(statuses),
+            "ids": job_ids,
+            "cause": cause,
+            "cause_id": cause_id,
+        }
+        with self.database.connection() as conn:
+            requeued = conn.execute(self.database.store.query("requeue_jobs"), params).fetchall()
+        if requeued:
+            log.info("requeued %d job(s) in queue %s", len(requeued), q.name)
+        return len(requeued)
+
+    def cancel(self, queue: str, owner: str, reason: str, type: str | None = None) -> int:
+        q = self.catalog.get(queue)
+        check_name("owner", owner)
+        if type is not None:
+            q.job_type(type)
+        if not isinstance(reason, str) or not reason.strip():
+            raise ConfigError("cancel needs a reason, e.g. cancel('shops', owner, 'disconnected')")
+        # Free text: kept as given, less what PostgreSQL text cannot hold.
+        error = storable(f"Cancelled: {reason}")[:2000]
+        params = {"queue": q.name, "owner": owner, "type": type, "error": error}
+        with self.database.connection() as conn:
+            cancelled = conn.execute(self.database.store.query("cancel_jobs"), params).fetchall()
+        if cancelled:
+            log.info(
+                "cancelled %d job(s) of %s in queue %s: %s", len(cancelled), owner, q.name, reason
+            )
+        return len(cancelled)
+
+    def open_jobs(self, queues: Sequence[str] | None = None) -> int:
+        names = [q.name for q in self.catalog.pick(queues or None)]
+        with self.database.connection() as conn:
+            row = conn.execute(self.database.store.query("open_jobs"), {"queues": names}).fetchone()
+        return 0 if row is None else int(row[0])
+
+
+def job_id_list(ids: object) -> list[int]:
+    """Job ids as the table holds them: whole numbers from 1 to the bigint limit."""
+    if isinstance(ids, str | bytes) or not isinstance(ids, Iterable):
+        raise ConfigError(f"ids={ids!r:.100} must be a list of job ids, e.g. ids=[12, 13]")
+    found: list[int] = []
+    for value in ids:
+        # numpy integers (a frame's `id` column) count as whole numbers too
+        whole = getattr(value, "__index__", None) is not None and not isinstance(value, bool)
+        number = int(value) if whole else None
+        if number is None or not 0 < number <= MAX_ID:
+            raise ConfigError(f"ids: {value!r:.100} is not a job id (a whole number >= 1)")
+        found.append(number)
+    return found

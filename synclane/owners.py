@@ -1,0 +1,138 @@
+"""Asking a queue's owner source who is connected.
+
+The source is user code: it may be slow, hang, raise, or return something that is not a list
+of owners, and one of a million accounts may have an id PostgreSQL cannot store. It runs in a
+thread of its own (synclane.bridge) under `owners_timeout`; owners it names badly are left out
+with one logged line; the rest are planned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable, Iterator
+from datetime import timedelta
+from typing import Any
+
+from synclane.bridge import batches_in_thread
+from synclane.errors import OwnerSourceError, error_text
+from synclane.model import ConfigError, Owner
+from synclane.queues import Queue
+
+log = logging.getLogger("synclane")
+
+# How many owners the planner reads from a source at a time: memory stays bounded by this,
+# whatever the number of accounts.
+BATCH = 5_000
+
+
+def source_name(queue: Queue) -> str:
+    source = queue.owner_source
+    return getattr(source, "__qualname__", None) or repr(source)
+
+
+def owner_batches(queue: Queue, timeout: float, size: int = BATCH) -> Iterator[list[Owner]]:
+    """The queue's owners in lists of at most `size`, each checked, duplicates within a list
+    dropped. Raises OwnerSourceError when the source raises, returns no iterable, or a list
+    takes longer than `timeout` seconds to arrive."""
+    source = queue.owner_source
+    if source is None:
+        raise ConfigError(
+            f"queue {queue.name!r} has no owner source, so the planner cannot know who is "
+            f"connected: decorate a function with @{queue.name}.owners"
+        )
+    name = source_name(queue)
+    refused = _Refusals(queue.name, name)
+    items = batches_in_thread(lambda: _iterable(source(queue.name)), size, timeout, name)
+    try:
+        for batch in items:
+            owners = refused.check(batch)
+            if owners:
+                yield owners
+    except TimeoutError:
+        raise OwnerSourceError(
+            f"queue {queue.name!r}: the owner source {name} did not answer within "
+            f"owners_timeout={timedelta(seconds=timeout)}; planning of this queue was skipped. "
+            "Make it answer sooner (a timeout on its own requests) or raise "
+            "SyncLane(owners_timeout=...)"
+        ) from None
+    except _NotOwners as error:
+        raise OwnerSourceError(
+            f"queue {queue.name!r}: the owner source {name} {error}; planning of this queue "
+            "was skipped"
+        ) from None
+    except OwnerSourceError:
+        raise
+    except Exception as error:
+        raise OwnerSourceError(
+            f"queue {queue.name!r}: the owner source {name} raised {error_text(error)}; "
+            "planning of this queue was skipped"
+        ) from error
+    finally:
+        refused.report()
+
+
+def connected_owners(queue: Queue, timeout: float) -> list[Owner]:
+    """Every owner the source names, checked and without duplicates (the first one wins)."""
+    found: dict[str, Owner] = {}
+    for batch in owner_batches(queue, timeout):
+        for owner in batch:
+            found.setdefault(owner.id, owner)
+    return list(found.values())
+
+
+def _iterable(result: Any) -> Iterable[Any]:
+    if hasattr(result, "__await__"):
+        result = asyncio.run(_awaited(result))
+    if isinstance(result, str | bytes) or not isinstance(result, Iterable):
+        raise _NotOwners(
+            f"returned {type(result).__name__} {result!r:.100}; return a list of Owner(...) "
+            "objects or owner id strings"
+        )
+    return result
+
+
+async def _awaited(awaitable: Any) -> Any:
+    return await awaitable
+
+
+class _NotOwners(TypeError):
+    """An owner source returned something that is not a list of owners."""
+
+
+class _Refusals:
+    """Owners left out because they cannot be stored: logged once per planning of a queue."""
+
+    def __init__(self, queue: str, source: str) -> None:
+        self.queue, self.source = queue, source
+        self.count = 0
+        self.first = ""
+
+    def check(self, items: list[Any]) -> list[Owner]:
+        owners: dict[str, Owner] = {}
+        for item in items:
+            owner = Owner(item) if isinstance(item, str) else item
+            if not isinstance(owner, Owner):
+                raise _NotOwners(
+                    f"returned {item!r:.200} among its owners; return Owner(...) objects or "
+                    "owner id strings"
+                )
+            try:
+                owner.check()
+            except ConfigError as error:
+                self.count += 1
+                self.first = self.first or str(error)
+                continue
+            owners.setdefault(owner.id, owner)
+        return list(owners.values())
+
+    def report(self) -> None:
+        if self.count:
+            log.error(
+                "queue %s: the owner source %s named %d owner(s) that cannot be stored, left "
+                "out of planning: %s",
+                self.queue,
+                self.source,
+                self.count,
+                self.first,
+            )

@@ -1,0 +1,344 @@
+"""Workers: `concurrency` slots per queue in one process, plus a planner and a lease reclaimer.
+
+A worker receives what it uses: the database, the queues it works, its name and intervals, and
+a callable that plans one queue. `SyncLane.worker(...)` builds one from an app;
+`app.run_worker(...)` builds and runs one.
+
+    worker/taker.py   the take statements and the Taker that shares them between slots
+    worker/lease.py   a lease and the guarded writes allowed under it
+    worker/slot.py    one slot: take, run page by page, finish
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from datetime import timedelta
+from types import SimpleNamespace
+from typing import Any
+
+import psycopg
+
+from synclane.bridge import in_thread
+from synclane.connection import Database
+from synclane.errors import error_text
+from synclane.events import Event, Kind, Listener, listeners
+from synclane.model import ConfigError, to_duration
+from synclane.queues import Queue
+from synclane.worker.lease import Lease, LeaseLost, Writer
+from synclane.worker.slot import Crew, Slot, describe, retry_delay
+from synclane.worker.taker import LeasedJob, Taker
+
+__all__ = ["IDLE_GRACE", "Worker", "error_text", "retry_delay"]
+
+log = logging.getLogger("synclane")
+
+# How long a slot waits for a pooled connection before it counts the database as unreachable:
+# it then logs the outage and backs off, instead of waiting silently inside the pool (whose
+# default is 30 s). A healthy pool always has a connection for every slot.
+CONNECTION_WAIT = 3.0
+# A worker working "until idle" waits for jobs that become due within this long (a retry, a lane
+# whose throttle ends soon) before it calls itself idle.
+IDLE_GRACE = timedelta(seconds=30)
+
+
+class Worker:
+    """The slots of the given queues in this process, until stopped."""
+
+    def __init__(
+        self,
+        database: Database,
+        queues: Sequence[Queue],
+        *,
+        name: str,
+        poll_interval: timedelta,
+        plan_interval: timedelta,
+        plan: Callable[[str], int] | None = None,
+        stop_after: timedelta | float | None = None,
+        until_idle: bool = False,
+        idle_grace: timedelta | float = IDLE_GRACE,
+        on_event: Listener | Iterable[Listener] | None = None,
+    ) -> None:
+        self.database = database
+        self.queues = list(queues)
+        if not self.queues:
+            raise ConfigError("no queue to work: declare one with app.queue(...)")
+        for queue in self.queues:
+            queue.check_handlers()
+        self.name = name
+        self.poll_interval = poll_interval
+        self.plan_interval = plan_interval
+        self.plan = plan
+        self.stop_after = None if stop_after is None else to_duration("stop_after", stop_after)
+        self.until_idle = until_idle
+        self.idle_grace = to_duration("idle_grace", idle_grace, allow_zero=True)
+        self.listeners = listeners(on_event)
+        self.report: Counter[str] = Counter()
+        self._stop_requested = False
+        self._stop: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake = asyncio.Event()
+        self._crew: Crew | None = None
+        self._broken_listeners: set[int] = set()
+
+    # -- life cycle ------------------------------------------------------------------------
+
+    def run(self) -> dict[str, int]:
+        return asyncio.run(self.run_async())
+
+    def stop(self) -> None:
+        """Ask the worker to stop: slots hand their jobs back and return. Callable from any
+        thread."""
+        self._stop_requested = True
+        if self._stop is None or self._loop is None:
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is self._loop:
+            self._stop.set()
+        else:
+            self._loop.call_soon_threadsafe(self._stop.set)
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop is not None and self._stop.is_set()
+
+    async def run_async(self) -> dict[str, int]:
+        # Before any job is taken: a schema made by a newer synclane is refused (SchemaError),
+        # also with create_schema=False, and an unreachable database fails fast.
+        await asyncio.to_thread(self.database.check_schema)
+        loop = self._loop = asyncio.get_running_loop()
+        stop = self._stop = asyncio.Event()
+        if self._stop_requested:
+            stop.set()
+        self._wake = asyncio.Event()
+        planned = asyncio.Event()
+        slots = sum(q.settings.concurrency for q in self.queues)
+        pool = self.database.worker_pool(slots + 2, wait=CONNECTION_WAIT)
+        await pool.open()
+        writer = Writer(pool, self.database.store)
+        # One waiter for the whole run: every page waits on it, none creates its own.
+        stop_waiter = asyncio.ensure_future(stop.wait())
+        crew = self._crew = Crew(
+            name=self.name,
+            writer=writer,
+            takers={},
+            report=self.report,
+            emit=self._emit,
+            stop=stop,
+            stop_waiter=stop_waiter,
+            poll_interval=self.poll_interval.total_seconds(),
+            first_load=self._tell_if_first_load_finished if self.listeners else None,
+        )
+        for queue in self.queues:
+            crew.takers[queue.name] = Taker(
+                pool,
+                self.database.store,
+                queue.name,
+                self.name,
+                queue.settings.lease_duration,
+                give_back=self._giver(queue),
+            )
+        installed = self._install_signal_handlers(loop)
+        log.info(
+            "worker %s started: %s",
+            self.name,
+            ", ".join(f"{q.name}×{q.settings.concurrency}" for q in self.queues),
+        )
+        helpers = [
+            asyncio.create_task(self._plan_loop(planned)),
+            asyncio.create_task(self._reclaim_loop()),
+        ]
+        if self.stop_after is not None:
+            helpers.append(asyncio.create_task(self._stop_later(self.stop_after)))
+        if self.until_idle:
+            helpers.append(asyncio.create_task(self._stop_when_idle(planned)))
+        try:
+            slot_tasks = [
+                asyncio.create_task(Slot(crew, queue, number, lambda: self._wake).run())
+                for queue in self.queues
+                for number in range(queue.settings.concurrency)
+            ]
+            try:
+                await asyncio.wait(slot_tasks)
+            except asyncio.CancelledError:
+                # Cancelled from outside (a task group, an orchestrator): stop the slots through
+                # the same path as a signal, so that every job is handed back before we return.
+                stop.set()
+                await asyncio.wait(slot_tasks)
+                raise
+        finally:
+            stop.set()
+            stop_waiter.cancel()
+            for task in helpers:
+                task.cancel()
+            await asyncio.gather(*helpers, return_exceptions=True)
+            for sig in installed:
+                loop.remove_signal_handler(sig)
+            await asyncio.gather(*(taker.idle() for taker in crew.takers.values()))
+            await pool.close()
+            log.info("worker %s stopped: %s", self.name, dict(self.report))
+        return dict(self.report)
+
+    def _install_signal_handlers(self, loop: asyncio.AbstractEventLoop) -> list[signal.Signals]:
+        if threading.current_thread() is not threading.main_thread():
+            return []
+        installed = []
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                loop.add_signal_handler(sig, self._on_signal, sig)
+            except (NotImplementedError, RuntimeError):  # Windows, or a loop without signals
+                continue
+            installed.append(sig)
+        return installed
+
+    def _on_signal(self, sig: signal.Signals) -> None:
+        log.info("worker %s received %s: handing jobs back", self.name, sig.name)
+        self.stop()
+
+    async def _stop_later(self, after: timedelta) -> None:
+        await asyncio.sleep(after.total_seconds())
+        log.info("worker %s: time budget of %s used, stopping", self.name, after)
+        self.stop()
+
+    async def _pause(self, seconds: float) -> None:
+        assert self._crew is not None
+        await self._crew.pause(seconds)
+
+    def _nudge(self) -> None:
+        """Wake idle slots: planning or reclaiming may have made work."""
+        self._wake.set()
+        self._wake = asyncio.Event()
+
+    # -- events ----------------------------------------------------------------------------
+
+    def _emit(self, kind: Kind, job: LeasedJob | SimpleNamespace, **details: Any) -> None:
+        """Tell every listener; a listener that raises is logged once and otherwise ignored."""
+        if not self.listeners:
+            return
+        event = Event(
+            kind=kind,
+            queue=job.queue,
+            job_id=job.id,
+            owner=job.owner,
+            lane=job.lane,
+            type=job.type,
+            mode=job.mode,
+            worker=self.name,
+            attempt=job.attempt_count,
+            window_start=job.window_start,
+            window_end=job.window_end,
+            **details,
+        )
+        for listener in self.listeners:
+            try:
+                listener(event)
+            except Exception as error:
+                if id(listener) not in self._broken_listeners:
+                    self._broken_listeners.add(id(listener))
+                    log.error("event listener %r raised %s", listener, error_text(error))
+
+    async def _tell_if_first_load_finished(self, taken: LeasedJob) -> None:
+        """After an initial slice completed: when no slice of its owner and type is left
+        unfinished, its first load is done."""
+        assert self._crew is not None
+        params = {"queue": taken.queue, "owner": taken.owner, "type": taken.type}
+        try:
+            async with self._crew.writer.pool.connection() as conn:
+                cur = await conn.execute(self.database.store.query("first_load_finished"), params)
+                row = await cur.fetchone()
+        except psycopg.Error:
+            return  # an event is a courtesy: never worth failing over
+        if row is not None and row[0]:
+            self._emit("first_load_finished", taken, status="completed")
+
+    # -- background duties -----------------------------------------------------------------
+
+    def _giver(self, queue: Queue) -> Callable[[LeasedJob], Any]:
+        async def give_back(job: LeasedJob) -> None:
+            """Hands back a job no slot will run (its slot was cancelled while it was taken)."""
+            assert self._crew is not None
+            lease = Lease(job, queue.settings.lease_duration, self._crew.writer, 0.0)
+            slot = Slot(self._crew, queue, -1, lambda: self._wake)
+            with contextlib.suppress(psycopg.Error, LeaseLost):
+                await slot.hand_back(lease, job.cursor)
+
+        return give_back
+
+    async def _stop_when_idle(self, planned: asyncio.Event) -> None:
+        """Stop once no job of these queues runs anywhere (a job finishing elsewhere could free
+        a lane) and none becomes due within `idle_grace` (a retry, the end of a throttle)."""
+        assert self._crew is not None
+        await planned.wait()
+        names = [q.name for q in self.queues]
+        while not self.stopping:
+            await self._pause(self.poll_interval.total_seconds())
+            if self._crew.busy:
+                continue
+            try:
+                async with self._crew.writer.pool.connection() as conn:
+                    cur = await conn.execute(
+                        self.database.store.query("idle_check"), {"queues": names}
+                    )
+                    row = await cur.fetchone()
+            except psycopg.OperationalError:
+                continue
+            assert row is not None
+            running, next_due_in = row
+            if running == 0 and (next_due_in is None or next_due_in > self.idle_grace):
+                log.info("worker %s: nothing left to do, stopping", self.name)
+                self.stop()
+
+    async def _plan_loop(self, planned: asyncio.Event) -> None:
+        plannable = [q for q in self.queues if q.types and q.owner_source is not None]
+        if self.plan is None or not plannable:
+            planned.set()
+            return
+        while not self.stopping:
+            # Side by side: a queue whose owner source hangs (until owners_timeout) does not hold
+            # up the others.
+            await asyncio.gather(*(self._plan_queue(queue) for queue in plannable))
+            planned.set()
+            await self._pause(self.plan_interval.total_seconds())
+
+    async def _plan_queue(self, queue: Queue) -> None:
+        assert self.plan is not None
+        plan = self.plan
+        try:
+            added = await in_thread(lambda: plan(queue.name), f"synclane-plan-{queue.name}")
+        except Exception as error:
+            log.error("planning queue %s failed: %s", queue.name, error_text(error))
+            return
+        if added:
+            self._nudge()
+
+    async def _reclaim_loop(self) -> None:
+        assert self._crew is not None
+        pool, store = self._crew.writer.pool, self.database.store
+        while not self.stopping:
+            for queue in self.queues:
+                params = {"queue": queue.name, "max_attempts": queue.settings.max_attempts}
+                try:
+                    async with pool.connection() as conn:
+                        cur = await conn.execute(store.query("reclaim_expired"), params)
+                        rows = await cur.fetchall()
+                        names = [d.name for d in cur.description or []]
+                except psycopg.Error as error:
+                    log.warning("reclaiming expired leases failed: %s", error_text(error))
+                    continue
+                for values in rows:
+                    row = dict(zip(names, values, strict=True))
+                    self.report["reclaimed"] += 1
+                    job = SimpleNamespace(queue=queue.name, **row)
+                    log.warning("%s: lease expired, reclaimed as %s", describe(job), row["status"])  # type: ignore[arg-type]
+                    self._emit("reclaimed", job, status=row["status"], error=row["error"])
+                if rows:
+                    self._nudge()
+            await self._pause(self.poll_interval.total_seconds())

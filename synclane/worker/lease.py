@@ -1,0 +1,168 @@
+"""A lease: a running job held by this worker, and the only writes allowed under it.
+
+Every write about a running job is guarded by its id, its lease token and status = 'running'
+(statements in sql/taking.sql). A write that matches no row means the lease was lost (another
+worker took the job over, or it was cancelled): `LeaseLost` is raised and the slot writes
+nothing more for that job. Writes are retried through a short database outage, for up to half
+the lease; after that the job is left to lease expiry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from datetime import datetime, timedelta
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from synclane.store import Store
+from synclane.worker.taker import LeasedJob
+
+log = logging.getLogger("synclane")
+T = TypeVar("T")
+
+# How long a write waits between tries while the database is away.
+OUTAGE_BACKOFF = (0.2, 0.5, 1.0, 2.0, 5.0)
+
+
+class LeaseLost(Exception):
+    """A guarded write matched no row: another worker owns the job, or it was cancelled."""
+
+
+class Writer:
+    """Runs statements about running jobs on the worker's pool, through short outages."""
+
+    def __init__(self, pool: AsyncConnectionPool[Any], store: Store) -> None:
+        self.pool = pool
+        self.store = store
+
+    async def run(
+        self,
+        name: str,
+        statement: Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]],
+        patience: float,
+    ) -> T:
+        """The statement's result; retried while the database is unreachable for up to
+        `patience` seconds, then LeaseLost (the job is left to lease expiry)."""
+        deadline = time.monotonic() + patience
+        for delay in (*OUTAGE_BACKOFF, None):
+            try:
+                async with self.pool.connection() as conn:
+                    return await statement(conn)
+            except psycopg.OperationalError as error:
+                if delay is None or time.monotonic() + delay > deadline:
+                    log.warning("giving up on %s after a database outage: %s", name, error)
+                    raise LeaseLost("the database was unreachable for too long") from error
+                await asyncio.sleep(delay)
+        raise AssertionError("unreachable")
+
+
+class Lease:
+    """The lease on one job: its id and token, how long it lasts, when this worker last renewed
+    it (by its own monotonic clock, which keeps running while the process is paused), and one
+    method per guarded statement."""
+
+    def __init__(self, job: LeasedJob, duration: timedelta, writer: Writer, renewed: float) -> None:
+        self.job = job
+        self.duration = duration
+        self.writer = writer
+        self.renewed = renewed  # taken before the renewing statement was sent: conservative
+
+    @property
+    def id(self) -> int:
+        return self.job.id
+
+    @property
+    def token(self) -> Any:
+        return self.job.lease_token
+
+    def check(self) -> None:
+        """LeaseLost when the lease ran out while this worker was not running (paused): a
+        worker that wakes up between two pages must not start the next one."""
+        if time.monotonic() - self.renewed >= self.duration.total_seconds():
+            raise LeaseLost("the lease ran out while this worker was not running (paused?)")
+
+    async def save_page(self, cursor: str, count: int) -> None:
+        """Saves the cursor and the count after a page and renews the lease."""
+        await self._renewing("save_page", {"cursor": cursor, "count": count})
+
+    async def heartbeat(self) -> None:
+        """Renews the lease while a slow page is in flight."""
+        await self._renewing("heartbeat", {})
+
+    async def complete(self, count: int) -> None:
+        """The last page: counts it and marks the job completed."""
+        await self._guarded("complete_job", {"count": count})
+
+    async def fail(
+        self, error: str, delay: timedelta, max_attempts: int
+    ) -> tuple[str, datetime] | None:
+        """A failed attempt; returns the new status and when it is due, or None when the lease
+        was lost before the failure could be recorded."""
+        params = {**self._guard(), "error": error, "delay": delay, "max_attempts": max_attempts}
+
+        async def statement(conn: psycopg.AsyncConnection[Any]) -> tuple[str, datetime] | None:
+            cur = await conn.execute(self.writer.store.query("fail_job"), params)
+            row = await cur.fetchone()
+            return None if row is None else (row[0], row[1])
+
+        return await self.writer.run("fail_job", statement, self._patience)
+
+    async def throttle(self, error: str, delay: timedelta) -> datetime:
+        """A throttle: the attempt given back, the whole lane pushed; returns until when."""
+        params = {
+            **self._guard(),
+            "error": error,
+            "delay": delay,
+            "previous_status": self.job.previous_status,
+        }
+
+        async def statement(conn: psycopg.AsyncConnection[Any]) -> datetime | None:
+            cur = await conn.execute(self.writer.store.query("throttle_job"), params)
+            row = await cur.fetchone()
+            return None if row is None else row[0]
+
+        until = await self.writer.run("throttle_job", statement, self._patience)
+        if until is None:
+            raise LeaseLost("the job was taken over or cancelled")
+        return until
+
+    async def abandon(self, error: str) -> None:
+        """Abandoned at once: a retry cannot help."""
+        await self._guarded("abandon_job", {"error": error})
+
+    async def hand_back(self) -> None:
+        """Back in line with its cursor; a stop is not a failed attempt."""
+        await self._guarded("hand_back", {"previous_status": self.job.previous_status})
+
+    async def release(self) -> None:
+        """A cancelled job gives its lane back at once."""
+        await self._guarded("release_cancelled", {})
+
+    # -- statements ------------------------------------------------------------------------
+
+    @property
+    def _patience(self) -> float:
+        return self.duration.total_seconds() / 2
+
+    def _guard(self) -> dict[str, Any]:
+        return {"id": self.job.id, "token": self.job.lease_token, "lease": self.duration}
+
+    async def _guarded(self, name: str, extra: dict[str, Any]) -> None:
+        params = {**self._guard(), **extra}
+
+        async def statement(conn: psycopg.AsyncConnection[Any]) -> int:
+            cur = await conn.execute(self.writer.store.query(name), params)
+            return cur.rowcount
+
+        if await self.writer.run(name, statement, self._patience) == 0:
+            raise LeaseLost("the job was taken over or cancelled")
+
+    async def _renewing(self, name: str, extra: dict[str, Any]) -> None:
+        sent = time.monotonic()
+        await self._guarded(name, extra)
+        self.renewed = sent

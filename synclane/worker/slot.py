@@ -1,0 +1,365 @@
+"""One slot: take a job, run its handler page by page under its lease, finish it, take the next.
+
+A page runs as a task (synclane.bridge) while the slot renews the lease every third of it; the
+slot stops a job at once when its lease is lost, and hands it back with its cursor when the
+worker stops. Each state change is one log line and one event for the worker's listeners.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import random
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+
+from synclane.bridge import start_page
+from synclane.errors import error_text
+from synclane.events import Kind
+from synclane.model import Abandon, ConfigError, Job, Page, Throttled
+from synclane.queues import Queue
+from synclane.worker.lease import OUTAGE_BACKOFF, Lease, LeaseLost, Writer
+from synclane.worker.taker import Finished, LeasedJob, Taker
+
+log = logging.getLogger("synclane")
+
+Emit = Callable[..., None]
+
+
+class Stopping(Exception):
+    """The worker is stopping: hand the job back."""
+
+
+@dataclasses.dataclass
+class Crew:
+    """What the slots of one worker share."""
+
+    name: str
+    writer: Writer
+    takers: dict[str, Taker]
+    report: Counter[str]
+    emit: Emit
+    stop: asyncio.Event
+    stop_waiter: asyncio.Future[Any]
+    poll_interval: float
+    # After an initial slice completed: tells listeners when its owner's first load is done.
+    first_load: Callable[[LeasedJob], Awaitable[None]] | None = None
+    busy: int = 0  # slots running a job now
+
+    @property
+    def stopping(self) -> bool:
+        return self.stop.is_set()
+
+    async def pause(self, seconds: float, wake: asyncio.Event | None = None) -> None:
+        """Sleep until the timeout, the stop, or (when given) a nudge."""
+        waiters = [asyncio.ensure_future(self.stop.wait())]
+        if wake is not None:
+            waiters.append(asyncio.ensure_future(wake.wait()))
+        try:
+            await asyncio.wait(waiters, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
+
+
+def retry_delay(attempt: int, base: timedelta, cap: timedelta) -> timedelta:
+    """base · 2^(attempt−1), capped, with up to ±10 % jitter so that a failed lane does not
+    retry in lockstep with its neighbours."""
+    exponent = max(attempt - 1, 0)
+    delay = cap if exponent >= 40 else min(base * (2**exponent), cap)
+    return delay * random.uniform(0.9, 1.1)
+
+
+class describe:  # lower case: used like a function; it formats only when a line is logged
+    """The job for a log line: id, owner, lane, type and window."""
+
+    __slots__ = ("job",)
+
+    def __init__(self, job: LeasedJob | Job) -> None:
+        self.job = job
+
+    def __str__(self) -> str:
+        job = self.job
+        window = ""
+        if job.window_start is not None or job.window_end is not None:
+            start = job.window_start.isoformat() if job.window_start else "…"
+            end = job.window_end.isoformat() if job.window_end else "…"
+            window = f" window={start}..{end}"
+        owner, lane, kind = _printable(job.owner), _printable(job.lane), _printable(job.type)
+        return f"job {job.id} owner={owner} lane={lane} type={kind}{window}"
+
+
+def _printable(name: str) -> str:
+    """A name as it is, unless it holds a line break or another control character: then
+    escaped, so that an account's name cannot forge log lines."""
+    return name if name.isprintable() else repr(name)[1:-1]
+
+
+class Slot:
+    """One slot of one queue."""
+
+    def __init__(self, crew: Crew, queue: Queue, number: int, wake: Callable[[], Any]) -> None:
+        self.crew = crew
+        self.queue = queue
+        self.number = number
+        self.wake = wake  # the worker's current nudge event
+        self.settings = queue.settings
+
+    async def run(self) -> None:
+        """Take and run jobs until the worker stops; a bug of ours costs a pause, not the slot."""
+        while not self.crew.stopping:
+            try:
+                await self._loop()
+            except Exception:
+                log.exception("slot %s/%d crashed; restarting it", self.queue.name, self.number)
+                await self.crew.pause(self.crew.poll_interval)
+
+    async def _loop(self) -> None:
+        crew = self.crew
+        outage = 0
+        while not crew.stopping:
+            try:
+                asked = time.monotonic()
+                turn = await crew.takers[self.queue.name].take(None)
+            except psycopg.OperationalError as error:
+                delay = OUTAGE_BACKOFF[min(outage, len(OUTAGE_BACKOFF) - 1)]
+                outage += 1
+                log.warning(
+                    "slot %s/%d cannot reach the database (%s); retrying in %.1f s",
+                    self.queue.name,
+                    self.number,
+                    error_text(error),
+                    delay,
+                )
+                await crew.pause(delay)
+                continue
+            if outage:
+                log.info("slot %s/%d reached the database again", self.queue.name, self.number)
+                outage = 0
+            if turn is None or turn.job is None:
+                await crew.pause(crew.poll_interval, self.wake())
+                continue
+            lease: Lease | None = self._lease(turn.job, asked)
+            while lease is not None:
+                crew.busy += 1
+                try:
+                    # A completed job's statement may have taken the next one already.
+                    lease = await self.run_job(lease)
+                finally:
+                    crew.busy -= 1
+
+    def _lease(self, job: LeasedJob, asked: float) -> Lease:
+        return Lease(job, self.settings.lease_duration, self.crew.writer, asked)
+
+    async def run_job(self, lease: Lease) -> Lease | None:
+        """Runs one job to its end; returns the next job's lease when the completing statement
+        took one."""
+        crew, taken = self.crew, lease.job
+        handler = self.queue.handlers.get(taken.type)
+        log.info("%s: started (attempt %d)", describe(taken), taken.attempt_count)
+        crew.emit("started", taken, cursor=taken.cursor)
+        began = time.monotonic()
+        job = Job(
+            id=taken.id,
+            queue=taken.queue,
+            owner=taken.owner,
+            lane=taken.lane,
+            type=taken.type,
+            mode=taken.mode,  # type: ignore[arg-type]
+            window_start=taken.window_start,
+            window_end=taken.window_end,
+            cursor=taken.cursor,
+            attempt_count=taken.attempt_count,
+            processed_count=taken.processed_count,
+        )
+        try:
+            if handler is None:
+                raise ConfigError(
+                    f"no handler for type {taken.type!r} in queue {self.queue.name!r}"
+                )
+            while True:
+                if crew.stopping:
+                    raise Stopping
+                lease.check()
+                page_began = time.monotonic()
+                page = await self._page(handler, job, lease)
+                if page.next_cursor is None:
+                    following = await self._complete(lease, page.count)
+                    crew.emit(
+                        "completed",
+                        taken,
+                        status="completed",
+                        records=job.processed_count + page.count,
+                        seconds=time.monotonic() - began,
+                    )
+                    if taken.mode == "initial" and crew.first_load is not None:
+                        await crew.first_load(taken)
+                    return following
+                await lease.save_page(page.next_cursor, page.count)
+                crew.emit(
+                    "page",
+                    taken,
+                    records=page.count,
+                    seconds=time.monotonic() - page_began,
+                    cursor=page.next_cursor,
+                )
+                job = dataclasses.replace(
+                    job, cursor=page.next_cursor, processed_count=job.processed_count + page.count
+                )
+        except Stopping:
+            await self.hand_back(lease, job.cursor)
+        except asyncio.CancelledError:
+            # Cancelled from outside (asyncio.run tearing down after a BaseException such as
+            # Prefect's TerminationSignal, or a task group): the same hand-back as a stop,
+            # shielded so that the cancellation cannot interrupt it.
+            with contextlib.suppress(psycopg.Error):
+                await asyncio.shield(self.hand_back(lease, job.cursor))
+            raise
+        except LeaseLost as lost:
+            with contextlib.suppress(psycopg.Error, LeaseLost):
+                await lease.release()  # when it was cancelled: the lane is free at once
+            crew.report["lost"] += 1
+            log.warning("%s: lease lost (%s); stopped without writing more", describe(taken), lost)
+            crew.emit("lease_lost", taken, error=str(lost))
+        except Throttled as throttle:
+            await self._throttle(lease, throttle)
+        except Abandon as abandon:
+            await self._abandon(lease, abandon)
+        except Exception as error:
+            await self._fail(lease, error)
+        return None
+
+    async def _page(self, handler: Callable[[Job], Any], job: Job, lease: Lease) -> Page:
+        """Run one page while renewing the lease; raises Stopping or LeaseLost to unwind."""
+        stop_waiter = self.crew.stop_waiter
+        beat = max(self.settings.lease_duration.total_seconds() / 3, 0.05)
+        page = start_page(handler, job)
+        try:
+            while True:
+                done, _ = await asyncio.wait(
+                    {page, stop_waiter}, timeout=beat, return_when=asyncio.FIRST_COMPLETED
+                )
+                if page in done:
+                    break
+                if stop_waiter in done:
+                    raise Stopping
+                try:
+                    await lease.heartbeat()
+                except LeaseLost:
+                    raise LeaseLost(
+                        "heartbeat refused: the job was taken over or cancelled"
+                    ) from None
+        except BaseException:
+            page.cancel()
+            raise
+        result = page.result()
+        if not isinstance(result, Page):
+            raise TypeError(
+                f"the {job.type} handler returned {type(result).__name__} {result!r:.200}; "
+                "return Page(next_cursor, count)"
+            )
+        return result
+
+    # -- finishing -------------------------------------------------------------------------
+
+    async def _complete(self, lease: Lease, count: int) -> Lease | None:
+        """Marks the job completed and, unless the worker is stopping, takes the next job in
+        the same statement (one commit a job). Raises LeaseLost when the completion is refused.
+        """
+        crew, taken = self.crew, lease.job
+        following = None
+        completed: bool | None = None
+        if not crew.stopping:
+            finished = Finished(taken.id, taken.lease_token, count)
+            asked = time.monotonic()
+            try:
+                turn = await crew.takers[self.queue.name].take(finished)
+            except psycopg.OperationalError:
+                # Whether it committed is unknown: the completion alone is retried below, through
+                # the outage. A job it may have taken is reclaimed when its lease expires.
+                turn = None
+            if turn is not None:
+                completed = turn.completed
+                if turn.job is not None:
+                    following = self._lease(turn.job, asked)
+        if completed is None:
+            await lease.complete(count)
+        elif not completed:
+            raise LeaseLost("the job was taken over or cancelled")
+        crew.report["completed"] += 1
+        log.info("%s: completed", describe(taken))
+        return following
+
+    async def hand_back(self, lease: Lease, cursor: str | None) -> None:
+        with contextlib.suppress(LeaseLost):
+            await lease.hand_back()
+            self.crew.report["handed_back"] += 1
+            log.info("%s: handed back at cursor %r", describe(lease.job), cursor)
+            self.crew.emit("handed_back", lease.job, status="pending", cursor=cursor)
+
+    async def _throttle(self, lease: Lease, throttle: Throttled) -> None:
+        taken, settings = lease.job, self.settings
+        delay = throttle.retry_after
+        if delay is None:
+            delay = retry_delay(
+                taken.throttle_count + 1, settings.throttle_base_delay, settings.throttle_max_delay
+            )
+        error = error_text(throttle)
+        with contextlib.suppress(LeaseLost):
+            until = await lease.throttle(error, delay)
+            self.crew.report["throttled"] += 1
+            log.warning("%s: throttled, lane %s paused for %s", describe(taken), taken.lane, delay)
+            self.crew.emit("throttled", taken, status="failed", error=error, until=until)
+
+    async def _abandon(self, lease: Lease, abandon: Abandon) -> None:
+        error = error_text(abandon)
+        with contextlib.suppress(LeaseLost):
+            await lease.abandon(error)
+            self.crew.report["abandoned"] += 1
+            log.warning("%s: abandoned: %s", describe(lease.job), abandon.reason)
+            self.crew.emit("abandoned", lease.job, status="abandoned", error=error)
+
+    async def _fail(self, lease: Lease, failure: Exception) -> None:
+        taken, settings = lease.job, self.settings
+        delay = retry_delay(
+            taken.attempt_count, settings.retry_base_delay, settings.retry_max_delay
+        )
+        error = error_text(failure)
+        try:
+            # Retried like every write: a failure recorded late beats one lost (the lease would
+            # expire and the job would say LeaseExpired instead of what went wrong).
+            outcome = await lease.fail(error, delay, settings.max_attempts)
+        except LeaseLost:
+            log.warning(
+                "%s: could not record its failure, left to lease expiry: %s", describe(taken), error
+            )
+            return
+        if outcome is None:
+            self.crew.report["lost"] += 1
+            log.warning("%s: failed after its lease was lost: %s", describe(taken), error)
+            return
+        status, next_run_at = outcome
+        self.crew.report[status] += 1
+        kind: Kind = "failed" if status == "failed" else "abandoned"
+        if status == "deferred":
+            kind = "deferred"
+        self.crew.emit(kind, taken, status=status, error=error, until=next_run_at)
+        if status == "failed":
+            log.warning(
+                "%s: failed (attempt %d), retry at %s: %s",
+                describe(taken),
+                taken.attempt_count,
+                next_run_at.isoformat(),
+                error,
+            )
+        else:
+            log.warning(
+                "%s: %s after attempt %d: %s", describe(taken), status, taken.attempt_count, error
+            )

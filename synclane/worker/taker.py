@@ -1,0 +1,239 @@
+"""Taking jobs: the rows a take returns, the two take statements, and the Taker that lets the
+slots of one queue share one statement.
+
+Slots whose pages end at the same instant ask together: one `take_front` statement completes
+every job they have just finished (each under its own lease guard) and takes one job for each
+completion that went through and for each slot that had nothing to complete. One commit serves
+them all; a slot that asks alone is served at once, nothing waits to form a batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+from uuid import UUID
+
+import psycopg
+from psycopg import errors
+from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool
+
+from synclane.store import Store
+
+# How many jobs at the front of the line `take_front` looks at before a slot searches lane by
+# lane (docs/performance.md: the front answers in well under a millisecond).
+FRONT_SIZE = 64
+# How often a take is sent again after losing a lane race in a row (each loss means another
+# worker took a job at that instant: progress is made).
+RACES = 20
+
+
+@dataclass(frozen=True)
+class LeasedJob:
+    """A job's row as a take marked it running under a fresh lease token."""
+
+    id: int
+    queue: str
+    owner: str
+    lane: str
+    type: str
+    mode: str
+    window_start: datetime | None
+    window_end: datetime | None
+    cursor: str | None
+    attempt_count: int
+    throttle_count: int
+    processed_count: int
+    lease_token: UUID
+    previous_status: str
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A job a slot has just finished, to complete in the statement that takes its next one."""
+
+    id: int
+    token: UUID
+    count: int
+
+
+@dataclass(frozen=True)
+class Batch:
+    """What one take statement did: the ids it completed, the jobs it took (best first)."""
+
+    completed: frozenset[int]
+    jobs: list[LeasedJob]
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One slot's share of a batch: whether the job it finished was completed, and its next
+    job (None when there was nothing for it)."""
+
+    completed: bool
+    job: LeasedJob | None
+
+
+async def take_front(
+    conn: psycopg.AsyncConnection[Any],
+    store: Store,
+    queue: str,
+    worker: str,
+    lease: timedelta,
+    finished: Sequence[Finished] = (),
+    plain: int = 1,
+) -> Batch:
+    """One `take_front` statement: completes `finished` under their lease guards and takes one
+    job per completion that went through plus `plain` more, from the front of the line, in
+    distinct free lanes; may take fewer. Raises psycopg.errors.UniqueViolation when another
+    worker won a lane at the same instant: nothing was written then, the completions included."""
+    cur = conn.cursor(row_factory=dict_row)
+    params = {
+        "queue": queue,
+        "worker": worker,
+        "lease": lease,
+        "front": FRONT_SIZE,
+        "plain": plain,
+        "done_ids": [job.id for job in finished],
+        "done_tokens": [job.token for job in finished],
+        "done_counts": [job.count for job in finished],
+    }
+    await cur.execute(store.query("take_front"), params)
+    rows = await cur.fetchall()
+    jobs = []
+    completed: list[int] = []
+    for row in rows:
+        del row["priority"]
+        completed = row.pop("completed")
+        if row["id"] is not None:
+            jobs.append(LeasedJob(**row))
+    return Batch(frozenset(completed), jobs)
+
+
+async def take_by_lane(
+    conn: psycopg.AsyncConnection[Any], store: Store, queue: str, worker: str, lease: timedelta
+) -> LeasedJob | None:
+    """One job, looking lane by lane: for when the front of the line waits behind busy lanes.
+    Raises UniqueViolation like take_front."""
+    cur = conn.cursor(row_factory=dict_row)
+    params = {"queue": queue, "worker": worker, "lease": lease}
+    await cur.execute(store.query("take_by_lane"), params)
+    row = await cur.fetchone()
+    return None if row is None else LeasedJob(**row)
+
+
+class Taker:
+    """Takes jobs for the slots of one queue in one worker. `give_back` hands back a job taken
+    for a slot that was cancelled while its statement ran."""
+
+    def __init__(
+        self,
+        pool: AsyncConnectionPool[Any],
+        store: Store,
+        queue: str,
+        worker: str,
+        lease: timedelta,
+        give_back: Callable[[LeasedJob], Awaitable[None]],
+    ) -> None:
+        self.pool, self.store = pool, store
+        self.queue, self.worker, self.lease = queue, worker, lease
+        self.give_back = give_back
+        self._waiting: list[tuple[Finished | None, asyncio.Future[Turn | None]]] = []
+        self._serving: asyncio.Task[None] | None = None
+
+    async def take(self, finished: Finished | None) -> Turn | None:
+        """The next job, completing `finished` in the same statement when given. None: several
+        races for a lane in a row were lost, and nothing was written."""
+        future: asyncio.Future[Turn | None] = asyncio.get_running_loop().create_future()
+        self._waiting.append((finished, future))
+        if self._serving is None:
+            self._serving = asyncio.create_task(self._serve())
+        return await future
+
+    async def idle(self) -> None:
+        """Wait until no statement is in flight (before the pool closes)."""
+        if self._serving is not None:
+            await asyncio.wait({self._serving})
+
+    async def _serve(self) -> None:
+        try:
+            await asyncio.sleep(0)  # let every slot whose page ended in this instant ask too
+            while self._waiting:
+                batch, self._waiting = self._waiting, []
+                try:
+                    turns = await self._statement([finished for finished, _ in batch])
+                except Exception as error:
+                    for _, future in batch:
+                        if not future.done():
+                            future.set_exception(error)
+                    continue
+                for (_, future), turn in zip(batch, turns, strict=True):
+                    if not future.done():
+                        future.set_result(turn)
+                    elif turn is not None and turn.job is not None:
+                        # The slot was cancelled while the statement ran: nobody runs this job.
+                        await self.give_back(turn.job)
+        except BaseException:
+            # Cancelled itself: no slot may wait forever for an answer.
+            for _, future in self._waiting:
+                future.cancel()
+            self._waiting = []
+            raise
+        finally:
+            self._serving = None
+
+    async def _statement(self, requests: list[Finished | None]) -> list[Turn | None]:
+        finished = [request for request in requests if request is not None]
+        for _ in range(RACES):
+            try:
+                async with self.pool.connection() as conn:
+                    batch = await take_front(
+                        conn,
+                        self.store,
+                        self.queue,
+                        self.worker,
+                        self.lease,
+                        finished,
+                        len(requests) - len(finished),
+                    )
+                break
+            except errors.UniqueViolation:
+                # Another worker won a lane in the same instant: nothing was written, ask again.
+                continue
+        else:
+            return [None] * len(requests)
+        jobs = iter(batch.jobs)
+        turns: list[Turn | None] = []
+        for request in requests:
+            completed = request is not None and request.id in batch.completed
+            if request is not None and not completed:
+                turns.append(Turn(False, None))  # its lease was lost: it takes nothing
+            else:
+                turns.append(Turn(completed, next(jobs, None)))
+        # Slots the front of the line could not serve look lane by lane, until a look finds
+        # nothing.
+        for number, turn in enumerate(turns):
+            if turn is None or turn.job is not None:
+                continue
+            if requests[number] is not None and not turn.completed:
+                continue
+            try:
+                job = await self._by_lane()
+            except psycopg.OperationalError:
+                job = None  # the front's outcome stands; these slots ask again later
+            if job is None:
+                break
+            turns[number] = Turn(turn.completed, job)
+        return turns
+
+    async def _by_lane(self) -> LeasedJob | None:
+        for _ in range(RACES):
+            try:
+                async with self.pool.connection() as conn:
+                    return await take_by_lane(conn, self.store, self.queue, self.worker, self.lease)
+            except errors.UniqueViolation:
+                continue
+        return None
