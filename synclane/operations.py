@@ -24,6 +24,8 @@ log = logging.getLogger("synclane")
 
 REQUEUE_STATUSES = ("failed", "deferred", "abandoned")
 MAX_ID = 2**63 - 1
+# How often a statement PostgreSQL rolled back (a deadlock) is sent again.
+ATTEMPTS = 10
 
 
 class Operations:
@@ -61,6 +63,8 @@ class Operations:
                     "belong to the planner; choose another prefix, e.g. 'manual:...'"
                 )
         with self.database.connection() as conn:
+            if window_end is not None:
+                self._refuse_the_future(conn, window_end)
             if lane is None:
                 lane = self._lane_of(q, owner, conn)
             params = {
@@ -80,6 +84,19 @@ class Operations:
                 assert row is not None, "a dedup conflict names an existing row"
         job_id: int = row[0]
         return job_id
+
+    def _refuse_the_future(self, conn: psycopg.Connection[Any], window_end: datetime) -> None:
+        """A window covers time that has passed: coverage ends where its newest window ends, so
+        an end in the future would stop refreshes until then and leave what arrives meanwhile
+        unloaded (docs/planning.md)."""
+        row = conn.execute(self.database.store.query("database_now")).fetchone()
+        assert row is not None
+        if window_end > row[0]:
+            raise ConfigError(
+                f"window_end={window_end.isoformat()} is in the future (the database's clock "
+                f"says {row[0].isoformat()}); a window can only cover time that has passed: end "
+                "it now or earlier, and the next refresh picks up from there"
+            )
 
     def _lane_of(self, queue: Queue, owner: str, conn: psycopg.Connection[Any]) -> str:
         """An owner's lane: the owner source's word, else its newest job's, else its id."""
@@ -131,8 +148,7 @@ class Operations:
             "cause": cause,
             "cause_id": cause_id,
         }
-        with self.database.connection() as conn:
-            requeued = conn.execute(self.database.store.query("requeue_jobs"), params).fetchall()
+        requeued = self._changing("requeue_jobs", params)
         if requeued:
             log.info("requeued %d job(s) in queue %s", len(requeued), q.name)
         return len(requeued)
@@ -147,13 +163,24 @@ class Operations:
         # Free text: kept as given, less what PostgreSQL text cannot hold.
         error = storable(f"Cancelled: {reason}")[:2000]
         params = {"queue": q.name, "owner": owner, "type": type, "error": error}
-        with self.database.connection() as conn:
-            cancelled = conn.execute(self.database.store.query("cancel_jobs"), params).fetchall()
+        cancelled = self._changing("cancel_jobs", params)
         if cancelled:
             log.info(
                 "cancelled %d job(s) of %s in queue %s: %s", len(cancelled), owner, q.name, reason
             )
         return len(cancelled)
+
+    def _changing(self, name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+        """A statement that changes many rows, sent again when PostgreSQL rolled it back to break
+        a deadlock with a worker (its rows are locked in id order; a worker's lane may not be)."""
+        for attempt in range(1, ATTEMPTS + 1):
+            try:
+                with self.database.connection() as conn:
+                    return conn.execute(self.database.store.query(name), params).fetchall()
+            except psycopg.errors.TransactionRollback:
+                if attempt == ATTEMPTS:
+                    raise
+        raise AssertionError("unreachable")
 
     def open_jobs(self, queues: Sequence[str] | None = None) -> int:
         names = [q.name for q in self.catalog.pick(queues or None)]

@@ -254,7 +254,9 @@ def test_create_schema_false_on_a_version_1_schema_asks_for_a_migration(app, db,
 
     older = SyncLane(dsn, schema=schema, create_schema=False)
     try:
-        with pytest.raises(SchemaError, match=r"version 1, this synclane needs 2: run app.migr"):
+        with pytest.raises(
+            SchemaError, match=rf"version 1, this synclane needs {SCHEMA_VERSION}: run app.migr"
+        ):
             older.check_schema()
     finally:
         older.close()

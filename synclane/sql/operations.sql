@@ -3,11 +3,14 @@
 -- identifier. The line under each name says what the statement guarantees.
 
 -- name: enqueue_job
--- adds one job by hand; with a dedup key a second call finds the first job instead
+-- adds one job by hand; with a dedup key a second call finds the first job instead. A job that
+-- joins a paused lane (a throttle) waits for the pause like the lane's other jobs
 INSERT INTO {schema}.jobs
-    (queue, owner, lane, type, mode, priority, window_start, window_end, dedup_key)
+    (queue, owner, lane, type, mode, priority, window_start, window_end, dedup_key, next_run_at)
 VALUES (%(queue)s, %(owner)s, %(lane)s, %(type)s, 'manual', %(priority)s, %(window_start)s,
-        %(window_end)s, coalesce(%(dedup_key)s::text, 'manual:' || gen_random_uuid()))
+        %(window_end)s, coalesce(%(dedup_key)s::text, 'manual:' || gen_random_uuid()),
+        greatest(now(), (SELECT paused_until FROM {schema}.lanes
+                         WHERE queue = %(queue)s AND lane = %(lane)s)))
 ON CONFLICT (queue, owner, type, dedup_key) DO NOTHING
 RETURNING id;
 
@@ -23,26 +26,51 @@ WHERE queue = %(queue)s AND owner = %(owner)s
 ORDER BY created_at DESC, id DESC LIMIT 1;
 
 -- name: requeue_jobs
--- gives stopped jobs fresh attempts; the cursor stays, so they continue from their last page
-UPDATE {schema}.jobs
+-- gives stopped jobs fresh attempts; the cursor stays, so they continue from their last page. A
+-- paused lane keeps them waiting until its pause ends. A cancelled job whose page may still be in
+-- flight keeps its lease, and with it its lane, until its worker lets go (release_cancelled) or
+-- the lease ends. Rows are locked in id order, so two requeues never wait on each other in a
+-- circle
+WITH chosen AS (
+    SELECT j.id, l.paused_until,
+           j.lease_token IS NOT NULL AND j.lease_expires_at > now() AS held
+    FROM {schema}.jobs j
+    LEFT JOIN {schema}.lanes l ON l.queue = j.queue AND l.lane = j.lane
+    WHERE j.queue = %(queue)s
+      AND (%(owner)s::text IS NULL OR j.owner = %(owner)s)
+      AND (%(type)s::text IS NULL OR j.type = %(type)s)
+      AND (%(ids)s::bigint[] IS NULL OR j.id = ANY (%(ids)s::bigint[]))
+      AND (%(cause)s::text IS NULL OR {schema}.error_cause(j.error) = %(cause)s)
+      AND (%(cause_id)s::text IS NULL
+           OR left(md5({schema}.error_cause(j.error)), 8) = %(cause_id)s)
+      AND j.status = ANY (%(statuses)s::text[])
+    ORDER BY j.id
+    FOR UPDATE OF j
+)
+UPDATE {schema}.jobs j
 SET status = 'pending', attempt_count = 0, throttle_count = 0, error = NULL,
-    next_run_at = now(), completed_at = NULL,
-    leased_by = NULL, lease_token = NULL, lease_expires_at = NULL
-WHERE queue = %(queue)s
-  AND (%(owner)s::text IS NULL OR owner = %(owner)s)
-  AND (%(type)s::text IS NULL OR type = %(type)s)
-  AND (%(ids)s::bigint[] IS NULL OR id = ANY (%(ids)s::bigint[]))
-  AND (%(cause)s::text IS NULL OR {schema}.error_cause(error) = %(cause)s)
-  AND (%(cause_id)s::text IS NULL OR left(md5({schema}.error_cause(error)), 8) = %(cause_id)s)
-  AND status = ANY (%(statuses)s::text[])
-RETURNING id;
+    next_run_at = greatest(now(), c.paused_until), completed_at = NULL,
+    leased_by = CASE WHEN c.held THEN j.leased_by END,
+    lease_token = CASE WHEN c.held THEN j.lease_token END,
+    lease_expires_at = CASE WHEN c.held THEN j.lease_expires_at END
+FROM chosen c
+WHERE j.id = c.id
+RETURNING j.id;
 
 -- name: cancel_jobs
 -- what has not finished becomes cancelled; a running job keeps its lease until its worker notices
--- (the status guard on its next save or heartbeat refuses it), so its lane stays held meanwhile
-UPDATE {schema}.jobs
+-- (the status guard on its next save or heartbeat refuses it), so its lane stays held meanwhile.
+-- Rows are locked in id order
+WITH chosen AS (
+    SELECT id FROM {schema}.jobs
+    WHERE queue = %(queue)s AND owner = %(owner)s
+      AND (%(type)s::text IS NULL OR type = %(type)s)
+      AND status IN ('pending', 'running', 'failed', 'deferred')
+    ORDER BY id
+    FOR UPDATE
+)
+UPDATE {schema}.jobs j
 SET status = 'cancelled', error = %(error)s, completed_at = now()
-WHERE queue = %(queue)s AND owner = %(owner)s
-  AND (%(type)s::text IS NULL OR type = %(type)s)
-  AND status IN ('pending', 'running', 'failed', 'deferred')
-RETURNING id;
+FROM chosen c
+WHERE j.id = c.id
+RETURNING j.id;

@@ -53,13 +53,18 @@ CROSS JOIN unnest(%(types)s::text[], %(windowed)s::boolean[]) AS t (type, window
 SELECT now() AS now;
 
 -- name: insert_jobs
--- adds planned jobs; the dedup index turns a job another planner already added into a no-op
+-- adds planned jobs, in the order given (planners sort them, so that two never lock keys in
+-- opposite orders); the dedup index turns a job another planner already added into a no-op. A
+-- job that joins a paused lane (a throttle) waits for the pause like the lane's other jobs
 INSERT INTO {schema}.jobs
-    (queue, owner, lane, type, mode, priority, window_start, window_end, dedup_key)
-SELECT %(queue)s::text, n.*
+    (queue, owner, lane, type, mode, priority, window_start, window_end, dedup_key, next_run_at)
+SELECT %(queue)s::text, n.owner, n.lane, n.type, n.mode, n.priority, n.start, n.end_, n.key,
+       greatest(now(), l.paused_until)
 FROM unnest(
     %(owners)s::text[], %(lanes)s::text[], %(types)s::text[], %(modes)s::text[],
     %(priorities)s::integer[], %(starts)s::timestamptz[], %(ends)s::timestamptz[],
     %(keys)s::text[]
-) AS n
+) WITH ORDINALITY AS n (owner, lane, type, mode, priority, start, end_, key, number)
+LEFT JOIN {schema}.lanes l ON l.queue = %(queue)s AND l.lane = n.lane
+ORDER BY n.number
 ON CONFLICT (queue, owner, type, dedup_key) DO NOTHING;

@@ -1,4 +1,4 @@
--- synclane schema, version 2. Every sync job is one row of {schema}.jobs.
+-- synclane schema, version 3. Every sync job is one row of {schema}.jobs.
 -- synclane applies this at start-up (SyncLane(..., create_schema=True)); teams that run their own
 -- migrations apply docs/schema.sql, which is this file rendered for the schema "synclane".
 -- Idempotent: every statement can run again without changing anything.
@@ -92,8 +92,31 @@ CREATE INDEX IF NOT EXISTS jobs_owner_window
 CREATE INDEX IF NOT EXISTS jobs_owner_created
     ON {schema}.jobs (queue, owner, type, created_at) WHERE window_end IS NULL;
 
--- A cancelled job whose worker has not yet noticed keeps its lane until its lease ends.
-CREATE INDEX IF NOT EXISTS jobs_cancelled_lease
-    ON {schema}.jobs (queue, lane) WHERE status = 'cancelled' AND lease_token IS NOT NULL;
+-- Version 3 ---------------------------------------------------------------------------------
 
-INSERT INTO {schema}.schema_version (version) VALUES (2) ON CONFLICT DO NOTHING;
+-- A job that stopped running while its page may still be in flight (cancelled, or cancelled
+-- and requeued at once) keeps its lane until its worker lets go or its lease ends: a lane is held
+-- by a live lease, whatever the row's status. (Replaces jobs_cancelled_lease.)
+CREATE INDEX IF NOT EXISTS jobs_held_lease
+    ON {schema}.jobs (queue, lane) WHERE status <> 'running' AND lease_token IS NOT NULL;
+DROP INDEX IF EXISTS {schema}.jobs_cancelled_lease;
+
+-- What belongs to a lane rather than to its rows: a pause (a throttle) that every job of the
+-- lane waits for, also a job that joins the lane during the pause.
+CREATE TABLE IF NOT EXISTS {schema}.lanes (
+    queue text NOT NULL,
+    lane text NOT NULL,
+    paused_until timestamptz,
+    PRIMARY KEY (queue, lane)
+);
+
+-- The attempt ladder, written once: a failed attempt is retried, deferred once the regular
+-- attempts are used up, and abandoned when the deferred (last) attempt fails too.
+CREATE OR REPLACE FUNCTION {schema}.after_failed_attempt(attempt_count integer, max_attempts integer)
+RETURNS text LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT CASE WHEN attempt_count > max_attempts THEN 'abandoned'
+                WHEN attempt_count >= max_attempts THEN 'deferred'
+                ELSE 'failed' END
+$$;
+
+INSERT INTO {schema}.schema_version (version) VALUES (3) ON CONFLICT DO NOTHING;

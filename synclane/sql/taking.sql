@@ -27,8 +27,9 @@ busy AS MATERIALIZED (
     SELECT lane FROM {schema}.jobs
     WHERE queue = %(queue)s AND status = 'running' AND id <> ALL (%(done_ids)s::bigint[])
     UNION ALL
+    -- a page may still be in flight under a live lease of a job that stopped running
     SELECT lane FROM {schema}.jobs
-    WHERE queue = %(queue)s AND status = 'cancelled' AND lease_token IS NOT NULL
+    WHERE queue = %(queue)s AND status <> 'running' AND lease_token IS NOT NULL
       AND lease_expires_at > now()
 ),
 front AS (
@@ -51,16 +52,20 @@ taken AS (
     LIMIT (SELECT %(plain)s::int + count(*) FROM done)
     FOR UPDATE SKIP LOCKED
 ),
+tokened AS (
+    -- the worker's own tokens, in taking order: after a lost answer it finds what it took
+    SELECT id, status, (%(tokens)s::uuid[])[row_number() OVER ()] AS token FROM taken
+),
 next AS (
     UPDATE {schema}.jobs j
-    SET status = 'running', leased_by = %(worker)s, lease_token = gen_random_uuid(),
+    SET status = 'running', leased_by = %(worker)s, lease_token = tokened.token,
         lease_expires_at = now() + %(lease)s, attempt_count = j.attempt_count + 1,
         started_at = now(), heartbeat_at = now()
-    FROM taken
-    WHERE j.id = taken.id
+    FROM tokened
+    WHERE j.id = tokened.id
     RETURNING j.id, j.queue, j.owner, j.lane, j.type, j.mode, j.window_start, j.window_end,
               j.cursor, j.attempt_count, j.throttle_count, j.processed_count, j.lease_token,
-              taken.status AS previous_status, j.priority
+              tokened.status AS previous_status, j.priority
 )
 SELECT ARRAY(SELECT id FROM done) AS completed, next.*
 FROM (SELECT) AS one LEFT JOIN next ON true
@@ -74,7 +79,7 @@ WITH RECURSIVE busy AS MATERIALIZED (
     SELECT lane FROM {schema}.jobs WHERE queue = %(queue)s AND status = 'running'
     UNION ALL
     SELECT lane FROM {schema}.jobs
-    WHERE queue = %(queue)s AND status = 'cancelled' AND lease_token IS NOT NULL
+    WHERE queue = %(queue)s AND status <> 'running' AND lease_token IS NOT NULL
       AND lease_expires_at > now()
 ),
 lanes (lane) AS (
@@ -116,7 +121,7 @@ taken AS (
     LIMIT 1 FOR UPDATE SKIP LOCKED
 )
 UPDATE {schema}.jobs j
-SET status = 'running', leased_by = %(worker)s, lease_token = gen_random_uuid(),
+SET status = 'running', leased_by = %(worker)s, lease_token = %(token)s,
     lease_expires_at = now() + %(lease)s, attempt_count = j.attempt_count + 1,
     started_at = now(), heartbeat_at = now()
 FROM taken
@@ -125,13 +130,40 @@ RETURNING j.id, j.queue, j.owner, j.lane, j.type, j.mode, j.window_start, j.wind
           j.cursor, j.attempt_count, j.throttle_count, j.processed_count, j.lease_token,
           taken.status AS previous_status;
 
+-- name: taken_by_tokens
+-- after a take whose answer was lost: the jobs this worker took under the tokens it sent (it may
+-- run them: nobody else holds them), and which of the jobs it meant to complete still run under
+-- its lease (then the take did not commit, and nothing of it happened)
+SELECT j.id, j.queue, j.owner, j.lane, j.type, j.mode, j.window_start, j.window_end,
+       j.cursor, j.attempt_count, j.throttle_count, j.processed_count, j.lease_token,
+       CASE WHEN j.attempt_count > %(max_attempts)s THEN 'deferred' ELSE 'pending' END
+           AS previous_status,
+       false AS unfinished
+FROM {schema}.jobs j
+WHERE j.lease_token = ANY (%(tokens)s::uuid[]) AND j.status = 'running'
+UNION ALL
+SELECT j.id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, true
+FROM {schema}.jobs j
+JOIN unnest(%(done_ids)s::bigint[], %(done_tokens)s::uuid[]) AS d (id, token)
+  ON j.id = d.id AND j.lease_token = d.token AND j.status = 'running';
+
 -- name: save_page
 -- saves the cursor and the count after a page and renews the lease; the token and status guard
--- refuse a worker that lost its lease (zero rows: stop and write nothing more)
-UPDATE {schema}.jobs
-SET cursor = %(cursor)s, processed_count = processed_count + %(count)s,
-    heartbeat_at = now(), lease_expires_at = now() + %(lease)s
-WHERE id = %(id)s AND lease_token = %(token)s AND status = 'running';
+-- refuse a worker that lost its lease (false: stop and write nothing more). Guarded by the cursor
+-- it replaces too: sent again after a lost answer, it finds its own save and counts nothing twice
+WITH saved AS (
+    UPDATE {schema}.jobs
+    SET cursor = %(cursor)s, processed_count = processed_count + %(count)s,
+        heartbeat_at = now(), lease_expires_at = now() + %(lease)s
+    WHERE id = %(id)s AND lease_token = %(token)s AND status = 'running'
+      AND cursor IS NOT DISTINCT FROM %(expected)s::text
+    RETURNING id
+)
+SELECT EXISTS (SELECT FROM saved) OR EXISTS (
+    SELECT FROM {schema}.jobs
+    WHERE id = %(id)s AND lease_token = %(token)s AND status = 'running'
+      AND cursor IS NOT DISTINCT FROM %(cursor)s::text
+) AS saved;
 
 -- name: heartbeat
 -- renews the lease while a slow page is in flight, under the same guard
@@ -140,29 +172,45 @@ SET heartbeat_at = now(), lease_expires_at = now() + %(lease)s
 WHERE id = %(id)s AND lease_token = %(token)s AND status = 'running';
 
 -- name: complete_job
--- the last page: counts it and marks the job completed, under the lease guard
-UPDATE {schema}.jobs
-SET status = 'completed', processed_count = processed_count + %(count)s, error = NULL,
-    completed_at = now(), heartbeat_at = now(),
-    leased_by = NULL, lease_token = NULL, lease_expires_at = NULL
-WHERE id = %(id)s AND lease_token = %(token)s AND status = 'running';
+-- the last page: counts it and marks the job completed, under the lease guard; sent again after a
+-- lost answer, it finds the job completed (within the lease, nobody but this worker could have)
+WITH done AS (
+    UPDATE {schema}.jobs
+    SET status = 'completed', processed_count = processed_count + %(count)s, error = NULL,
+        completed_at = now(), heartbeat_at = now(),
+        leased_by = NULL, lease_token = NULL, lease_expires_at = NULL
+    WHERE id = %(id)s AND lease_token = %(token)s AND status = 'running'
+    RETURNING id
+)
+SELECT EXISTS (SELECT FROM done) OR EXISTS (
+    SELECT FROM {schema}.jobs
+    WHERE id = %(id)s AND status = 'completed' AND completed_at > now() - %(lease)s
+      AND NOT EXISTS (SELECT FROM done)
+) AS done;
 
 -- name: fail_job
 -- a failed attempt: retried after the delay, deferred once the regular attempts are used up,
--- abandoned when the deferred attempt fails too
-UPDATE {schema}.jobs
-SET status = CASE WHEN attempt_count > %(max_attempts)s THEN 'abandoned'
-                  WHEN attempt_count >= %(max_attempts)s THEN 'deferred'
-                  ELSE 'failed' END,
-    completed_at = CASE WHEN attempt_count > %(max_attempts)s THEN now() END,
-    error = %(error)s, next_run_at = now() + %(delay)s, heartbeat_at = now(),
-    leased_by = NULL, lease_token = NULL, lease_expires_at = NULL
-WHERE id = %(id)s AND lease_token = %(token)s AND status = 'running'
-RETURNING status, next_run_at;
+-- abandoned when the deferred attempt fails too (after_failed_attempt); sent again after a lost
+-- answer, it finds its own error on the stopped job and reports what it became
+WITH failed AS (
+    UPDATE {schema}.jobs
+    SET status = {schema}.after_failed_attempt(attempt_count, %(max_attempts)s),
+        completed_at = CASE WHEN attempt_count > %(max_attempts)s THEN now() END,
+        error = %(error)s, next_run_at = now() + %(delay)s, heartbeat_at = now(),
+        leased_by = NULL, lease_token = NULL, lease_expires_at = NULL
+    WHERE id = %(id)s AND lease_token = %(token)s AND status = 'running'
+    RETURNING status, next_run_at
+)
+SELECT status, next_run_at FROM failed
+UNION ALL
+SELECT status, next_run_at FROM {schema}.jobs
+WHERE id = %(id)s AND status IN ('failed', 'deferred', 'abandoned') AND error = %(error)s
+  AND heartbeat_at > now() - %(lease)s AND NOT EXISTS (SELECT FROM failed);
 
 -- name: throttle_job
--- a throttle gives the attempt back and pushes every open job of the lane to the same time: the
--- account was told to slow down, not the job
+-- a throttle gives the attempt back and pauses the lane: every open job of the lane is pushed to
+-- the same time, and the lane itself remembers the pause, so a job that joins it meanwhile (planned,
+-- enqueued, requeued) waits too. The account was told to slow down, not the job
 WITH throttled AS (
     UPDATE {schema}.jobs
     SET status = CASE WHEN %(previous_status)s = 'deferred' THEN 'deferred' ELSE 'failed' END,
@@ -179,15 +227,35 @@ lane AS (
     WHERE o.queue = t.queue AND o.lane = t.lane
       AND o.status IN ('pending', 'failed', 'deferred') AND o.next_run_at < t.next_run_at
     RETURNING o.id
+),
+paused AS (
+    INSERT INTO {schema}.lanes AS l (queue, lane, paused_until)
+    SELECT queue, lane, next_run_at FROM throttled
+    ON CONFLICT (queue, lane) DO UPDATE
+    SET paused_until = greatest(l.paused_until, excluded.paused_until)
+    RETURNING paused_until
 )
-SELECT t.next_run_at, (SELECT count(*) FROM lane) AS pushed FROM throttled t;
+SELECT t.next_run_at, (SELECT count(*) FROM lane) AS pushed FROM throttled t
+UNION ALL
+SELECT next_run_at, 0 FROM {schema}.jobs
+WHERE id = %(id)s AND status IN ('failed', 'deferred') AND error = %(error)s
+  AND heartbeat_at > now() - %(lease)s AND NOT EXISTS (SELECT FROM throttled);
 
 -- name: abandon_job
--- the handler said a retry cannot help: abandoned at once, waiting for a human
-UPDATE {schema}.jobs
-SET status = 'abandoned', error = %(error)s, completed_at = now(), heartbeat_at = now(),
-    leased_by = NULL, lease_token = NULL, lease_expires_at = NULL
-WHERE id = %(id)s AND lease_token = %(token)s AND status = 'running';
+-- the handler said a retry cannot help: abandoned at once, waiting for a human (found again
+-- after a lost answer by its error)
+WITH abandoned AS (
+    UPDATE {schema}.jobs
+    SET status = 'abandoned', error = %(error)s, completed_at = now(), heartbeat_at = now(),
+        leased_by = NULL, lease_token = NULL, lease_expires_at = NULL
+    WHERE id = %(id)s AND lease_token = %(token)s AND status = 'running'
+    RETURNING id
+)
+SELECT EXISTS (SELECT FROM abandoned) OR EXISTS (
+    SELECT FROM {schema}.jobs
+    WHERE id = %(id)s AND status = 'abandoned' AND error = %(error)s
+      AND completed_at > now() - %(lease)s AND NOT EXISTS (SELECT FROM abandoned)
+) AS done;
 
 -- name: hand_back
 -- a stopping worker returns its job with its cursor; a stop is not a failed attempt
@@ -198,18 +266,17 @@ SET status = CASE WHEN %(previous_status)s = 'deferred' THEN 'deferred' ELSE 'pe
 WHERE id = %(id)s AND lease_token = %(token)s AND status = 'running';
 
 -- name: release_cancelled
--- a worker that finds its job cancelled gives the lane back at once
+-- a worker whose job stopped running under it (cancelled, maybe requeued since) lets go of the
+-- lease at once, and with it the lane
 UPDATE {schema}.jobs
 SET leased_by = NULL, lease_token = NULL, lease_expires_at = NULL
-WHERE id = %(id)s AND lease_token = %(token)s AND status = 'cancelled';
+WHERE id = %(id)s AND lease_token = %(token)s AND status <> 'running';
 
 -- name: reclaim_expired
--- jobs whose worker stopped renewing its lease go back in line (the attempt counts as failed);
--- the dead worker's late writes no longer match the cleared token
+-- jobs whose worker stopped renewing its lease go back in line (the attempt counts as failed,
+-- after_failed_attempt); the dead worker's late writes no longer match the cleared token
 UPDATE {schema}.jobs
-SET status = CASE WHEN attempt_count > %(max_attempts)s THEN 'abandoned'
-                  WHEN attempt_count >= %(max_attempts)s THEN 'deferred'
-                  ELSE 'failed' END,
+SET status = {schema}.after_failed_attempt(attempt_count, %(max_attempts)s),
     completed_at = CASE WHEN attempt_count > %(max_attempts)s THEN now() END,
     error = 'LeaseExpired: worker ' || coalesce(leased_by, '?')
             || ' stopped renewing its lease',

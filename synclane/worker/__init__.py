@@ -145,6 +145,8 @@ class Worker:
                 self.name,
                 queue.settings.lease_duration,
                 give_back=self._giver(queue),
+                max_attempts=queue.settings.max_attempts,
+                outage=writer.outage,
             )
         installed = self._install_signal_handlers(loop)
         log.info(

@@ -20,13 +20,16 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from synclane.store import Store
+from synclane.worker.outage import OUTAGE_BACKOFF, Outage
 from synclane.worker.taker import LeasedJob
 
 log = logging.getLogger("synclane")
 T = TypeVar("T")
 
-# How long a write waits between tries while the database is away.
-OUTAGE_BACKOFF = (0.2, 0.5, 1.0, 2.0, 5.0)
+# What is worth sending again: the connection broke (the statement may or may not have
+# committed: every statement here finds its own earlier commit), or PostgreSQL rolled the
+# statement back to break a deadlock or a serialization conflict.
+RETRIED = (psycopg.OperationalError, psycopg.errors.TransactionRollback)
 
 
 class LeaseLost(Exception):
@@ -39,6 +42,7 @@ class Writer:
     def __init__(self, pool: AsyncConnectionPool[Any], store: Store) -> None:
         self.pool = pool
         self.store = store
+        self.outage = Outage()
 
     async def run(
         self,
@@ -52,12 +56,17 @@ class Writer:
         for delay in (*OUTAGE_BACKOFF, None):
             try:
                 async with self.pool.connection() as conn:
-                    return await statement(conn)
-            except psycopg.OperationalError as error:
+                    result = await statement(conn)
+            except RETRIED as error:
+                if isinstance(error, psycopg.OperationalError):
+                    self.outage.lost(name, error)
                 if delay is None or time.monotonic() + delay > deadline:
                     log.warning("giving up on %s after a database outage: %s", name, error)
                     raise LeaseLost("the database was unreachable for too long") from error
                 await asyncio.sleep(delay)
+                continue
+            self.outage.reached()
+            return result
         raise AssertionError("unreachable")
 
 
@@ -86,17 +95,23 @@ class Lease:
         if time.monotonic() - self.renewed >= self.duration.total_seconds():
             raise LeaseLost("the lease ran out while this worker was not running (paused?)")
 
-    async def save_page(self, cursor: str, count: int) -> None:
-        """Saves the cursor and the count after a page and renews the lease."""
-        await self._renewing("save_page", {"cursor": cursor, "count": count})
+    async def save_page(self, expected: str | None, cursor: str, count: int) -> None:
+        """Saves the cursor and the count after a page and renews the lease; `expected` is
+        the cursor the page started from (a save sent again finds its own)."""
+        sent = time.monotonic()
+        params = {"expected": expected, "cursor": cursor, "count": count}
+        await self._guarded("save_page", params, answered=True)
+        self.renewed = sent
 
     async def heartbeat(self) -> None:
         """Renews the lease while a slow page is in flight."""
-        await self._renewing("heartbeat", {})
+        sent = time.monotonic()
+        await self._guarded("heartbeat", {})
+        self.renewed = sent
 
     async def complete(self, count: int) -> None:
         """The last page: counts it and marks the job completed."""
-        await self._guarded("complete_job", {"count": count})
+        await self._guarded("complete_job", {"count": count}, answered=True)
 
     async def fail(
         self, error: str, delay: timedelta, max_attempts: int
@@ -133,7 +148,7 @@ class Lease:
 
     async def abandon(self, error: str) -> None:
         """Abandoned at once: a retry cannot help."""
-        await self._guarded("abandon_job", {"error": error})
+        await self._guarded("abandon_job", {"error": error}, answered=True)
 
     async def hand_back(self) -> None:
         """Back in line with its cursor; a stop is not a failed attempt."""
@@ -152,17 +167,18 @@ class Lease:
     def _guard(self) -> dict[str, Any]:
         return {"id": self.job.id, "token": self.job.lease_token, "lease": self.duration}
 
-    async def _guarded(self, name: str, extra: dict[str, Any]) -> None:
+    async def _guarded(self, name: str, extra: dict[str, Any], *, answered: bool = False) -> None:
+        """Runs a guarded statement; LeaseLost when it matched nothing. `answered`: the
+        statement answers whether it (or its own earlier commit) went through, instead of
+        counting rows."""
         params = {**self._guard(), **extra}
 
-        async def statement(conn: psycopg.AsyncConnection[Any]) -> int:
+        async def statement(conn: psycopg.AsyncConnection[Any]) -> bool:
             cur = await conn.execute(self.writer.store.query(name), params)
-            return cur.rowcount
+            if not answered:
+                return cur.rowcount > 0
+            row = await cur.fetchone()
+            return bool(row and row[0])
 
-        if await self.writer.run(name, statement, self._patience) == 0:
+        if not await self.writer.run(name, statement, self._patience):
             raise LeaseLost("the job was taken over or cancelled")
-
-    async def _renewing(self, name: str, extra: dict[str, Any]) -> None:
-        sent = time.monotonic()
-        await self._guarded(name, extra)
-        self.renewed = sent

@@ -25,7 +25,8 @@ from synclane.errors import error_text
 from synclane.events import Kind
 from synclane.model import Abandon, ConfigError, Job, Page, Throttled
 from synclane.queues import Queue
-from synclane.worker.lease import OUTAGE_BACKOFF, Lease, LeaseLost, Writer
+from synclane.worker.lease import Lease, LeaseLost, Writer
+from synclane.worker.outage import OUTAGE_BACKOFF
 from synclane.worker.taker import Finished, LeasedJob, Taker
 
 log = logging.getLogger("synclane")
@@ -131,18 +132,11 @@ class Slot:
             except psycopg.OperationalError as error:
                 delay = OUTAGE_BACKOFF[min(outage, len(OUTAGE_BACKOFF) - 1)]
                 outage += 1
-                log.warning(
-                    "slot %s/%d cannot reach the database (%s); retrying in %.1f s",
-                    self.queue.name,
-                    self.number,
-                    error_text(error),
-                    delay,
-                )
+                crew.writer.outage.lost(f"slot {self.queue.name}/{self.number}", error)
                 await crew.pause(delay)
                 continue
-            if outage:
-                log.info("slot %s/%d reached the database again", self.queue.name, self.number)
-                outage = 0
+            outage = 0
+            crew.writer.outage.reached()
             if turn is None or turn.job is None:
                 await crew.pause(crew.poll_interval, self.wake())
                 continue
@@ -202,7 +196,7 @@ class Slot:
                     if taken.mode == "initial" and crew.first_load is not None:
                         await crew.first_load(taken)
                     return following
-                await lease.save_page(page.next_cursor, page.count)
+                await lease.save_page(job.cursor, page.next_cursor, page.count)
                 crew.emit(
                     "page",
                     taken,

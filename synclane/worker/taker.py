@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
-from uuid import UUID
+from uuid import UUID, uuid4
 
 import psycopg
 from psycopg import errors
@@ -22,6 +22,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from synclane.store import Store
+from synclane.worker.outage import OUTAGE_BACKOFF, Outage
 
 # How many jobs at the front of the line `take_front` looks at before a slot searches lane by
 # lane (docs/performance.md: the front answers in well under a millisecond).
@@ -85,13 +86,19 @@ async def take_front(
     lease: timedelta,
     finished: Sequence[Finished] = (),
     plain: int = 1,
+    tokens: Sequence[UUID] | None = None,
 ) -> Batch:
     """One `take_front` statement: completes `finished` under their lease guards and takes one
     job per completion that went through plus `plain` more, from the front of the line, in
-    distinct free lanes; may take fewer. Raises psycopg.errors.UniqueViolation when another
-    worker won a lane at the same instant: nothing was written then, the completions included."""
+    distinct free lanes; may take fewer. The jobs are leased under `tokens` (the worker's own,
+    so that it can find them after a lost answer; fresh ones when not given). Raises
+    psycopg.errors.UniqueViolation when another worker won a lane at the same instant: nothing
+    was written then, the completions included."""
+    if tokens is None:
+        tokens = [uuid4() for _ in range(plain + len(finished))]
     cur = conn.cursor(row_factory=dict_row)
     params = {
+        "tokens": list(tokens),
         "queue": queue,
         "worker": worker,
         "lease": lease,
@@ -114,15 +121,49 @@ async def take_front(
 
 
 async def take_by_lane(
-    conn: psycopg.AsyncConnection[Any], store: Store, queue: str, worker: str, lease: timedelta
+    conn: psycopg.AsyncConnection[Any],
+    store: Store,
+    queue: str,
+    worker: str,
+    lease: timedelta,
+    token: UUID | None = None,
 ) -> LeasedJob | None:
     """One job, looking lane by lane: for when the front of the line waits behind busy lanes.
     Raises UniqueViolation like take_front."""
     cur = conn.cursor(row_factory=dict_row)
-    params = {"queue": queue, "worker": worker, "lease": lease}
+    params = {"queue": queue, "worker": worker, "lease": lease, "token": token or uuid4()}
     await cur.execute(store.query("take_by_lane"), params)
     row = await cur.fetchone()
     return None if row is None else LeasedJob(**row)
+
+
+async def taken_by_tokens(
+    conn: psycopg.AsyncConnection[Any],
+    store: Store,
+    tokens: Sequence[UUID],
+    finished: Sequence[Finished],
+    max_attempts: int,
+) -> tuple[Batch, bool]:
+    """After a take whose answer was lost: what it did, and whether it committed at all (False:
+    the jobs it meant to complete still run under their leases, and nothing of it happened)."""
+    cur = conn.cursor(row_factory=dict_row)
+    params = {
+        "tokens": list(tokens),
+        "done_ids": [job.id for job in finished],
+        "done_tokens": [job.token for job in finished],
+        "max_attempts": max_attempts,
+    }
+    await cur.execute(store.query("taken_by_tokens"), params)
+    rows = await cur.fetchall()
+    unfinished = {row["id"] for row in rows if row["unfinished"]}
+    jobs = [
+        LeasedJob(**{k: v for k, v in row.items() if k != "unfinished"})
+        for row in rows
+        if not row["unfinished"]
+    ]
+    committed = bool(jobs) or not unfinished
+    completed = frozenset(job.id for job in finished if job.id not in unfinished)
+    return Batch(completed if committed else frozenset(), jobs), committed
 
 
 class Taker:
@@ -137,9 +178,13 @@ class Taker:
         worker: str,
         lease: timedelta,
         give_back: Callable[[LeasedJob], Awaitable[None]],
+        max_attempts: int = 5,
+        outage: Outage | None = None,
     ) -> None:
         self.pool, self.store = pool, store
+        self.outage = outage or Outage()
         self.queue, self.worker, self.lease = queue, worker, lease
+        self.max_attempts = max_attempts
         self.give_back = give_back
         self._waiting: list[tuple[Finished | None, asyncio.Future[Turn | None]]] = []
         self._serving: asyncio.Task[None] | None = None
@@ -188,6 +233,7 @@ class Taker:
     async def _statement(self, requests: list[Finished | None]) -> list[Turn | None]:
         finished = [request for request in requests if request is not None]
         for _ in range(RACES):
+            tokens = [uuid4() for _ in requests]
             try:
                 async with self.pool.connection() as conn:
                     batch = await take_front(
@@ -198,11 +244,20 @@ class Taker:
                         self.lease,
                         finished,
                         len(requests) - len(finished),
+                        tokens,
                     )
                 break
             except errors.UniqueViolation:
                 # Another worker won a lane in the same instant: nothing was written, ask again.
                 continue
+            except psycopg.OperationalError:
+                # The answer was lost: the statement may have committed. Jobs leased under these
+                # tokens are this worker's to run; were the completions not made, ask again.
+                found = await self._recover(tokens, finished)
+                if found is None:
+                    continue
+                batch = found
+                break
         else:
             return [None] * len(requests)
         jobs = iter(batch.jobs)
@@ -231,9 +286,37 @@ class Taker:
 
     async def _by_lane(self) -> LeasedJob | None:
         for _ in range(RACES):
+            token = uuid4()
             try:
                 async with self.pool.connection() as conn:
-                    return await take_by_lane(conn, self.store, self.queue, self.worker, self.lease)
+                    return await take_by_lane(
+                        conn, self.store, self.queue, self.worker, self.lease, token
+                    )
             except errors.UniqueViolation:
                 continue
+            except psycopg.OperationalError:
+                found = await self._recover([token], [])
+                if found is not None and found.jobs:
+                    return found.jobs[0]
+                raise
         return None
+
+    async def _recover(self, tokens: Sequence[UUID], finished: Sequence[Finished]) -> Batch | None:
+        """What a take whose answer was lost did; None when it did not commit. Asked through
+        a short outage; when the database stays away, the OperationalError is raised (jobs it
+        may have taken are reclaimed when their leases expire)."""
+        for delay in (*OUTAGE_BACKOFF, None):
+            try:
+                async with self.pool.connection() as conn:
+                    batch, committed = await taken_by_tokens(
+                        conn, self.store, tokens, finished, self.max_attempts
+                    )
+            except psycopg.OperationalError as error:
+                self.outage.lost(f"queue {self.queue}: a take whose answer was lost", error)
+                if delay is None:
+                    raise
+                await asyncio.sleep(delay)
+                continue
+            self.outage.reached()
+            return batch if committed else None
+        raise AssertionError("unreachable")
