@@ -119,4 +119,8 @@ RETURNS text LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
                 ELSE 'failed' END
 $$;
 
+-- How many times in a row the job was handed back with its page abandoned before it ended and
+-- no page saved: a page longer than every worker's time budget would otherwise never finish.
+ALTER TABLE "synclane".jobs ADD COLUMN IF NOT EXISTS stalls integer NOT NULL DEFAULT 0;
+
 INSERT INTO "synclane".schema_version (version) VALUES (3) ON CONFLICT DO NOTHING;

@@ -240,10 +240,13 @@ class SyncLane(Reads):
         *,
         until_idle: bool = False,
         idle_grace: timedelta | float = timedelta(seconds=30),
+        stop_grace: timedelta | float = timedelta(0),
         on_event: Listener | Iterable[Listener] | None = None,
     ) -> Worker:
         """A worker for these queues (default: all declared), not started: `.run()`,
-        `await .run_async()`, `.stop()` from any thread."""
+        `await .run_async()`, `.stop()` from any thread. `stop_grace`: how long a page in flight
+        may take to end once the worker stops (default: none, it is abandoned and its job handed
+        back at once)."""
         from synclane.worker import Worker
 
         def plan(name: str) -> int:
@@ -259,6 +262,7 @@ class SyncLane(Reads):
             stop_after=stop_after,
             until_idle=until_idle,
             idle_grace=idle_grace,
+            stop_grace=stop_grace,
             on_event=on_event,
         )
 
@@ -269,6 +273,7 @@ class SyncLane(Reads):
         *,
         until_idle: bool = False,
         idle_grace: timedelta | float = timedelta(seconds=30),
+        stop_grace: timedelta | float = timedelta(0),
         on_event: Listener | Iterable[Listener] | None = None,
     ) -> dict[str, int]:
         """Run worker slots until SIGINT/SIGTERM, until `stop_after` has passed, or (with
@@ -277,7 +282,12 @@ class SyncLane(Reads):
         synclane.events.Event for each thing that happens to a job. Returns what the slots
         did, e.g. {'completed': 12}."""
         worker = self.worker(
-            queues, stop_after, until_idle=until_idle, idle_grace=idle_grace, on_event=on_event
+            queues,
+            stop_after,
+            until_idle=until_idle,
+            idle_grace=idle_grace,
+            stop_grace=stop_grace,
+            on_event=on_event,
         )
         return worker.run()
 
@@ -288,10 +298,16 @@ class SyncLane(Reads):
         *,
         until_idle: bool = False,
         idle_grace: timedelta | float = timedelta(seconds=30),
+        stop_grace: timedelta | float = timedelta(0),
         on_event: Listener | Iterable[Listener] | None = None,
     ) -> dict[str, int]:
         """The async twin of run_worker, for code that already runs an event loop."""
         worker = self.worker(
-            queues, stop_after, until_idle=until_idle, idle_grace=idle_grace, on_event=on_event
+            queues,
+            stop_after,
+            until_idle=until_idle,
+            idle_grace=idle_grace,
+            stop_grace=stop_grace,
+            on_event=on_event,
         )
         return await worker.run_async()

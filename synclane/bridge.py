@@ -26,16 +26,21 @@ from synclane.errors import HandlerEscaped
 T = TypeVar("T")
 
 
-def in_thread(call: Callable[[], T], name: str) -> asyncio.Future[T]:
+def in_thread(
+    call: Callable[[], T], name: str, ended: Callable[[], None] | None = None
+) -> asyncio.Future[T]:
     """Run `call` in a daemon thread; a future of its outcome on the running loop. A
     BaseException, and a StopIteration (which asyncio futures refuse), arrive as HandlerEscaped.
-    """
+    `ended` is called on the loop when the thread has returned, also after the future was
+    cancelled."""
     loop = asyncio.get_running_loop()
     future: asyncio.Future[T] = loop.create_future()
 
     def deliver(outcome: Callable[[], None]) -> None:
         if not future.done():
             outcome()
+        if ended is not None:
+            ended()
 
     def post(outcome: Callable[[], None]) -> None:
         # A call abandoned on stop may end after the loop closed: nobody waits for it then.
@@ -132,21 +137,37 @@ def batches_in_thread(
         stop.set()
 
 
-def start_page(handler: Callable[[Any], Any], job: Any) -> asyncio.Task[Any]:
-    """One call of a handler as a task on the running loop: a coroutine function is called on
-    the loop, anything else in a thread; an awaitable result is then awaited on the loop."""
-    return asyncio.ensure_future(contained(_call(handler, job)))
+class PageRun:
+    """One call of a handler on the running loop: a coroutine function is called on the loop,
+    anything else in a thread; an awaitable result is then awaited on the loop. `task` gives the
+    result; `stopped` is done once the user code no longer runs at all, which for a thread
+    abandoned on a stop or a lost lease may be long after `task` was cancelled."""
 
+    def __init__(self, handler: Callable[[Any], Any], job: Any) -> None:
+        loop = asyncio.get_running_loop()
+        self.stopped: asyncio.Future[None] = loop.create_future()
+        self._threads = 0
+        self.task: asyncio.Task[Any] = asyncio.ensure_future(contained(self._call(handler, job)))
+        self.task.add_done_callback(lambda _: self._maybe_stopped())
 
-async def _call(handler: Callable[[Any], Any], job: Any) -> Any:
-    if inspect.iscoroutinefunction(handler):
-        result = handler(job)
-    else:
-        name = f"synclane-job-{getattr(job, 'id', '?')}"
-        result = await in_thread(functools.partial(handler, job), name)
-    if inspect.isawaitable(result):
-        result = await result
-    return result
+    def _maybe_stopped(self) -> None:
+        if self.task.done() and self._threads == 0 and not self.stopped.done():
+            self.stopped.set_result(None)
+
+    def _thread_ended(self) -> None:
+        self._threads -= 1
+        self._maybe_stopped()
+
+    async def _call(self, handler: Callable[[Any], Any], job: Any) -> Any:
+        if inspect.iscoroutinefunction(handler):
+            result = handler(job)
+        else:
+            name = f"synclane-job-{getattr(job, 'id', '?')}"
+            self._threads += 1
+            result = await in_thread(functools.partial(handler, job), name, self._thread_ended)
+        if inspect.isawaitable(result):
+            result = await result
+        return result
 
 
 async def contained(awaitable: Awaitable[T]) -> T:

@@ -257,9 +257,15 @@ def test_a_cancelled_running_job_can_no_longer_save_a_page(shops, db, schema):
     arrange(db, schema, job_id, status="running", lease_token=token, leased_by="host:1")
     save_page = shops.store.query("save_page")
 
+    saved: list[str | None] = [None]
+
     def save(cursor: str) -> int:
         params = {"cursor": cursor, "count": 10, "lease": timedelta(minutes=5)}
-        return db.execute(save_page, {**params, "id": job_id, "token": token}).rowcount
+        params |= {"expected": saved[-1], "id": job_id, "token": token}
+        row = db.execute(save_page, params).fetchone()
+        if row and row[0]:
+            saved.append(cursor)
+        return int(bool(row and row[0]))
 
     assert save("page-2") == 1, "the worker holding the lease saves its page"
     assert shops.cancel("shops", "acme-us", "disconnected") == 1

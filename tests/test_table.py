@@ -44,6 +44,7 @@ COLUMNS = {
     "started_at": "timestamp with time zone",
     "heartbeat_at": "timestamp with time zone",
     "completed_at": "timestamp with time zone",
+    "stalls": "integer",
 }
 
 

@@ -68,7 +68,13 @@ def test_without_the_lane_index_two_jobs_of_a_lane_overlap(
     the index, not luck or a lock elsewhere, that keeps lanes exclusive."""
     _prepare(dsn, schema, db)
     db.execute(sql.SQL("DROP INDEX {}").format(sql.Identifier(schema, "jobs_running_lane")))
-    assert _run_three_lanes(dsn, schema, db) > 0
+    # The race is a matter of timing: on a busy machine one round may miss it, so up to three.
+    overlaps = 0
+    for _ in range(3):
+        overlaps = _run_three_lanes(dsn, schema, db)
+        if overlaps:
+            break
+    assert overlaps > 0
 
 
 def test_a_killed_worker_s_job_continues_from_its_saved_cursor(

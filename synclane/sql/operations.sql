@@ -48,7 +48,7 @@ WITH chosen AS (
     FOR UPDATE OF j
 )
 UPDATE {schema}.jobs j
-SET status = 'pending', attempt_count = 0, throttle_count = 0, error = NULL,
+SET status = 'pending', attempt_count = 0, throttle_count = 0, stalls = 0, error = NULL,
     next_run_at = greatest(now(), c.paused_until), completed_at = NULL,
     leased_by = CASE WHEN c.held THEN j.leased_by END,
     lease_token = CASE WHEN c.held THEN j.lease_token END,

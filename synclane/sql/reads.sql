@@ -149,7 +149,8 @@ ORDER BY c.jobs DESC, c.last_seen DESC, c.cause;
 
 -- name: lanes
 -- what each lane with open jobs is doing now: its running job (if any), who holds it and since
--- when, how many jobs wait and how many are due, and until when a throttle pauses it; counts the
+-- when, how many jobs wait and how many are due, and until when a throttle pauses it (the lane's
+-- own pause, which also holds jobs that joined it since, or its jobs' throttle); counts the
 -- open rows per lane first, then looks up each lane's running job in the running-lane index
 WITH open AS (
     SELECT queue, lane,
@@ -169,9 +170,12 @@ SELECT o.queue, o.lane,
        r.id AS job_id, r.owner, r.type, r.mode, r.window_start, r.window_end, r.cursor,
        r.processed_count, r.attempt_count, r.leased_by, r.started_at AS since,
        now() - r.started_at AS running_for, r.lease_expires_at,
-       o.waiting, o.due, o.next_due, o.paused_until
+       o.waiting, o.due, o.next_due,
+       CASE WHEN p.paused_until > now() THEN greatest(p.paused_until, o.paused_until)
+            ELSE o.paused_until END AS paused_until
 FROM open o
 LEFT JOIN {schema}.jobs r ON r.queue = o.queue AND r.lane = o.lane AND r.status = 'running'
+LEFT JOIN {schema}.lanes p ON p.queue = o.queue AND p.lane = o.lane
 ORDER BY o.queue, o.lane;
 
 -- name: depth

@@ -64,7 +64,7 @@ next AS (
     FROM tokened
     WHERE j.id = tokened.id
     RETURNING j.id, j.queue, j.owner, j.lane, j.type, j.mode, j.window_start, j.window_end,
-              j.cursor, j.attempt_count, j.throttle_count, j.processed_count, j.lease_token,
+              j.cursor, j.attempt_count, j.throttle_count, j.processed_count, j.lease_token, j.stalls,
               tokened.status AS previous_status, j.priority
 )
 SELECT ARRAY(SELECT id FROM done) AS completed, next.*
@@ -127,7 +127,7 @@ SET status = 'running', leased_by = %(worker)s, lease_token = %(token)s,
 FROM taken
 WHERE j.id = taken.id
 RETURNING j.id, j.queue, j.owner, j.lane, j.type, j.mode, j.window_start, j.window_end,
-          j.cursor, j.attempt_count, j.throttle_count, j.processed_count, j.lease_token,
+          j.cursor, j.attempt_count, j.throttle_count, j.processed_count, j.lease_token, j.stalls,
           taken.status AS previous_status;
 
 -- name: taken_by_tokens
@@ -135,14 +135,15 @@ RETURNING j.id, j.queue, j.owner, j.lane, j.type, j.mode, j.window_start, j.wind
 -- run them: nobody else holds them), and which of the jobs it meant to complete still run under
 -- its lease (then the take did not commit, and nothing of it happened)
 SELECT j.id, j.queue, j.owner, j.lane, j.type, j.mode, j.window_start, j.window_end,
-       j.cursor, j.attempt_count, j.throttle_count, j.processed_count, j.lease_token,
+       j.cursor, j.attempt_count, j.throttle_count, j.processed_count, j.lease_token, j.stalls,
        CASE WHEN j.attempt_count > %(max_attempts)s THEN 'deferred' ELSE 'pending' END
            AS previous_status,
        false AS unfinished
 FROM {schema}.jobs j
 WHERE j.lease_token = ANY (%(tokens)s::uuid[]) AND j.status = 'running'
 UNION ALL
-SELECT j.id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, true
+SELECT j.id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+       true
 FROM {schema}.jobs j
 JOIN unnest(%(done_ids)s::bigint[], %(done_tokens)s::uuid[]) AS d (id, token)
   ON j.id = d.id AND j.lease_token = d.token AND j.status = 'running';
@@ -153,7 +154,7 @@ JOIN unnest(%(done_ids)s::bigint[], %(done_tokens)s::uuid[]) AS d (id, token)
 -- it replaces too: sent again after a lost answer, it finds its own save and counts nothing twice
 WITH saved AS (
     UPDATE {schema}.jobs
-    SET cursor = %(cursor)s, processed_count = processed_count + %(count)s,
+    SET cursor = %(cursor)s, processed_count = processed_count + %(count)s, stalls = 0,
         heartbeat_at = now(), lease_expires_at = now() + %(lease)s
     WHERE id = %(id)s AND lease_token = %(token)s AND status = 'running'
       AND cursor IS NOT DISTINCT FROM %(expected)s::text
@@ -196,7 +197,7 @@ WITH failed AS (
     UPDATE {schema}.jobs
     SET status = {schema}.after_failed_attempt(attempt_count, %(max_attempts)s),
         completed_at = CASE WHEN attempt_count > %(max_attempts)s THEN now() END,
-        error = %(error)s, next_run_at = now() + %(delay)s, heartbeat_at = now(),
+        error = %(error)s, next_run_at = now() + %(delay)s, heartbeat_at = now(), stalls = 0,
         leased_by = NULL, lease_token = NULL, lease_expires_at = NULL
     WHERE id = %(id)s AND lease_token = %(token)s AND status = 'running'
     RETURNING status, next_run_at
@@ -258,10 +259,13 @@ SELECT EXISTS (SELECT FROM abandoned) OR EXISTS (
 ) AS done;
 
 -- name: hand_back
--- a stopping worker returns its job with its cursor; a stop is not a failed attempt
+-- a stopping worker returns its job with its cursor; a stop is not a failed attempt. A hand-back
+-- whose page was abandoned before it ended, with no page saved under this lease, is counted
+-- (stalls; a saved page resets it)
 UPDATE {schema}.jobs
 SET status = CASE WHEN %(previous_status)s = 'deferred' THEN 'deferred' ELSE 'pending' END,
     attempt_count = attempt_count - 1, next_run_at = now(),
+    stalls = stalls + CASE WHEN %(stalled)s THEN 1 ELSE 0 END,
     leased_by = NULL, lease_token = NULL, lease_expires_at = NULL
 WHERE id = %(id)s AND lease_token = %(token)s AND status = 'running';
 

@@ -62,6 +62,7 @@ class Worker:
         stop_after: timedelta | float | None = None,
         until_idle: bool = False,
         idle_grace: timedelta | float = IDLE_GRACE,
+        stop_grace: timedelta | float = timedelta(0),
         on_event: Listener | Iterable[Listener] | None = None,
     ) -> None:
         self.database = database
@@ -77,6 +78,7 @@ class Worker:
         self.stop_after = None if stop_after is None else to_duration("stop_after", stop_after)
         self.until_idle = until_idle
         self.idle_grace = to_duration("idle_grace", idle_grace, allow_zero=True)
+        self.stop_grace = to_duration("stop_grace", stop_grace, allow_zero=True)
         self.listeners = listeners(on_event)
         self.report: Counter[str] = Counter()
         self._stop_requested = False
@@ -136,6 +138,7 @@ class Worker:
             stop_waiter=stop_waiter,
             poll_interval=self.poll_interval.total_seconds(),
             first_load=self._tell_if_first_load_finished if self.listeners else None,
+            stop_grace=self.stop_grace.total_seconds(),
         )
         for queue in self.queues:
             crew.takers[queue.name] = Taker(
@@ -185,6 +188,7 @@ class Worker:
             for sig in installed:
                 loop.remove_signal_handler(sig)
             await asyncio.gather(*(taker.idle() for taker in crew.takers.values()))
+            await crew.release_now()
             await pool.close()
             log.info("worker %s stopped: %s", self.name, dict(self.report))
         return dict(self.report)

@@ -150,9 +150,11 @@ class Lease:
         """Abandoned at once: a retry cannot help."""
         await self._guarded("abandon_job", {"error": error}, answered=True)
 
-    async def hand_back(self) -> None:
-        """Back in line with its cursor; a stop is not a failed attempt."""
-        await self._guarded("hand_back", {"previous_status": self.job.previous_status})
+    async def hand_back(self, *, stalled: bool = False) -> None:
+        """Back in line with its cursor; a stop is not a failed attempt. `stalled`: its page was
+        abandoned before it ended and no page was saved (counted in `stalls`)."""
+        params = {"previous_status": self.job.previous_status, "stalled": stalled}
+        await self._guarded("hand_back", params)
 
     async def release(self) -> None:
         """A cancelled job gives its lane back at once."""

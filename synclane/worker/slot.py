@@ -20,7 +20,7 @@ from typing import Any
 
 import psycopg
 
-from synclane.bridge import start_page
+from synclane.bridge import PageRun
 from synclane.errors import error_text
 from synclane.events import Kind
 from synclane.model import Abandon, ConfigError, Job, Page, Throttled
@@ -32,6 +32,10 @@ from synclane.worker.taker import Finished, LeasedJob, Taker
 log = logging.getLogger("synclane")
 
 Emit = Callable[..., None]
+
+
+# How many hand-backs in a row with the page abandoned and nothing saved make a failed attempt.
+STALL_LIMIT = 3
 
 
 class Stopping(Exception):
@@ -52,11 +56,29 @@ class Crew:
     poll_interval: float
     # After an initial slice completed: tells listeners when its owner's first load is done.
     first_load: Callable[[LeasedJob], Awaitable[None]] | None = None
+    # How long a page in flight may take to end once the worker stops, in seconds.
+    stop_grace: float = 0.0
     busy: int = 0  # slots running a job now
+    # Leases lost while their page may still run: let go once it has stopped.
+    releasing: dict[asyncio.Task[None], Lease] = dataclasses.field(default_factory=dict)
 
     @property
     def stopping(self) -> bool:
         return self.stop.is_set()
+
+    def release_when_stopped(self, lease: Lease, run: PageRun | None) -> None:
+        """Let go of a lost lease (a cancelled job's lane is free at once) once its page has
+        stopped. A page that never ends leaves the lease to expire, which frees the lane too."""
+
+        async def release() -> None:
+            if run is not None:
+                await asyncio.shield(run.stopped)
+            with contextlib.suppress(psycopg.Error, LeaseLost):
+                await lease.release()
+
+        task = asyncio.create_task(release())
+        self.releasing[task] = lease
+        task.add_done_callback(lambda done: self.releasing.pop(done, None))
 
     async def pause(self, seconds: float, wake: asyncio.Event | None = None) -> None:
         """Sleep until the timeout, the stop, or (when given) a nudge."""
@@ -68,6 +90,15 @@ class Crew:
         finally:
             for waiter in waiters:
                 waiter.cancel()
+
+    async def release_now(self) -> None:
+        """The worker is going: let go of every lease still waiting for its page."""
+        waiting = list(self.releasing.items())
+        for task, _ in waiting:
+            task.cancel()
+        for _, lease in waiting:
+            with contextlib.suppress(psycopg.Error, LeaseLost):
+                await lease.release()
 
 
 def retry_delay(attempt: int, base: timedelta, cap: timedelta) -> timedelta:
@@ -173,6 +204,8 @@ class Slot:
             attempt_count=taken.attempt_count,
             processed_count=taken.processed_count,
         )
+        run: PageRun | None = None  # the page in flight, or the last one
+        progressed = False  # a page was saved under this lease
         try:
             if handler is None:
                 raise ConfigError(
@@ -183,7 +216,8 @@ class Slot:
                     raise Stopping
                 lease.check()
                 page_began = time.monotonic()
-                page = await self._page(handler, job, lease)
+                run = PageRun(handler, job)
+                page = await self._page(run, job, lease)
                 if page.next_cursor is None:
                     following = await self._complete(lease, page.count)
                     crew.emit(
@@ -197,6 +231,7 @@ class Slot:
                         await crew.first_load(taken)
                     return following
                 await lease.save_page(job.cursor, page.next_cursor, page.count)
+                progressed = True
                 crew.emit(
                     "page",
                     taken,
@@ -208,17 +243,18 @@ class Slot:
                     job, cursor=page.next_cursor, processed_count=job.processed_count + page.count
                 )
         except Stopping:
-            await self.hand_back(lease, job.cursor)
+            await self.hand_back(lease, job.cursor, run, progressed)
         except asyncio.CancelledError:
             # Cancelled from outside (asyncio.run tearing down after a BaseException such as
             # Prefect's TerminationSignal, or a task group): the same hand-back as a stop,
             # shielded so that the cancellation cannot interrupt it.
             with contextlib.suppress(psycopg.Error):
-                await asyncio.shield(self.hand_back(lease, job.cursor))
+                await asyncio.shield(self.hand_back(lease, job.cursor, run, progressed))
             raise
         except LeaseLost as lost:
-            with contextlib.suppress(psycopg.Error, LeaseLost):
-                await lease.release()  # when it was cancelled: the lane is free at once
+            # The lane stays held by the lease until the page in flight has really stopped (a
+            # plain handler's thread cannot be stopped from outside), then it is let go.
+            crew.release_when_stopped(lease, run)
             crew.report["lost"] += 1
             log.warning("%s: lease lost (%s); stopped without writing more", describe(taken), lost)
             crew.emit("lease_lost", taken, error=str(lost))
@@ -230,19 +266,32 @@ class Slot:
             await self._fail(lease, error)
         return None
 
-    async def _page(self, handler: Callable[[Job], Any], job: Job, lease: Lease) -> Page:
-        """Run one page while renewing the lease; raises Stopping or LeaseLost to unwind."""
+    async def _page(self, run: PageRun, job: Job, lease: Lease) -> Page:
+        """Wait for one page while renewing the lease; raises Stopping or LeaseLost to unwind.
+        When the worker stops, the page in flight gets `stop_grace` to end."""
         stop_waiter = self.crew.stop_waiter
         beat = max(self.settings.lease_duration.total_seconds() / 3, 0.05)
-        page = start_page(handler, job)
+        page = run.task
+        deadline: float | None = None
         try:
             while True:
+                waiting: set[asyncio.Future[Any]] = {page}
+                timeout = beat
+                if deadline is None:
+                    waiting.add(stop_waiter)
+                else:
+                    timeout = min(beat, max(deadline - time.monotonic(), 0))
                 done, _ = await asyncio.wait(
-                    {page, stop_waiter}, timeout=beat, return_when=asyncio.FIRST_COMPLETED
+                    waiting, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
                 )
                 if page in done:
                     break
-                if stop_waiter in done:
+                if deadline is None and stop_waiter in done:
+                    if self.crew.stop_grace <= 0:
+                        raise Stopping
+                    deadline = time.monotonic() + self.crew.stop_grace
+                    continue
+                if deadline is not None and time.monotonic() >= deadline:
                     raise Stopping
                 try:
                     await lease.heartbeat()
@@ -291,12 +340,40 @@ class Slot:
         log.info("%s: completed", describe(taken))
         return following
 
-    async def hand_back(self, lease: Lease, cursor: str | None) -> None:
-        with contextlib.suppress(LeaseLost):
-            await lease.hand_back()
-            self.crew.report["handed_back"] += 1
-            log.info("%s: handed back at cursor %r", describe(lease.job), cursor)
-            self.crew.emit("handed_back", lease.job, status="pending", cursor=cursor)
+    async def hand_back(
+        self,
+        lease: Lease,
+        cursor: str | None,
+        run: PageRun | None = None,
+        progressed: bool = True,
+    ) -> None:
+        """Back in line with its cursor, attempt returned. After STALL_LIMIT hand-backs in a
+        row with the page abandoned before it ended and no page saved, the stop costs an attempt
+        instead, with an error that names the stop grace (a page longer than every worker's
+        budget would otherwise never finish)."""
+        taken = lease.job
+        abandoned = run is not None and (not run.task.done() or run.task.cancelled())
+        stalled = abandoned and not progressed
+        try:
+            if stalled and taken.stalls + 1 >= STALL_LIMIT:
+                await self._over_budget(lease)
+                return
+            await lease.hand_back(stalled=stalled)
+        except LeaseLost:
+            return
+        self.crew.report["handed_back"] += 1
+        log.info("%s: handed back at cursor %r", describe(taken), cursor)
+        self.crew.emit("handed_back", taken, status="pending", cursor=cursor)
+
+    async def _over_budget(self, lease: Lease) -> None:
+        grace = self.crew.stop_grace
+        error = (
+            f"StopGraceExceeded: the page in flight did not end within the worker's stop grace "
+            f"({grace:g} s) {STALL_LIMIT} times in a row, so it never finished before its worker "
+            "stopped (a time budget such as a Prefect work run's); give workers a longer budget "
+            "or stop_grace, or make the page shorter"
+        )
+        await self._fail(lease, RuntimeError(error), text=error)
 
     async def _throttle(self, lease: Lease, throttle: Throttled) -> None:
         taken, settings = lease.job, self.settings
@@ -320,12 +397,18 @@ class Slot:
             log.warning("%s: abandoned: %s", describe(lease.job), abandon.reason)
             self.crew.emit("abandoned", lease.job, status="abandoned", error=error)
 
-    async def _fail(self, lease: Lease, failure: Exception) -> None:
+    async def _fail(
+        self,
+        lease: Lease,
+        failure: Exception,
+        *,
+        text: str | None = None,
+    ) -> None:
         taken, settings = lease.job, self.settings
         delay = retry_delay(
             taken.attempt_count, settings.retry_base_delay, settings.retry_max_delay
         )
-        error = error_text(failure)
+        error = text or error_text(failure)
         try:
             # Retried like every write: a failure recorded late beats one lost (the lease would
             # expire and the job would say LeaseExpired instead of what went wrong).

@@ -49,6 +49,7 @@ class LeasedJob:
     throttle_count: int
     processed_count: int
     lease_token: UUID
+    stalls: int
     previous_status: str
 
 
