@@ -303,7 +303,7 @@ def parser() -> argparse.ArgumentParser:
     main.set_defaults(verbose=0, quiet=False, traceback=False, schema=os.environ.get(
         "SYNCLANE_SCHEMA") or None)  # fmt: skip
     common = Parser(add_help=False)
-    cli_args.add_common(common, argparse.SUPPRESS)
+    cli_args.add_common(common, argparse.SUPPRESS, title="options of every command")
     commands = main.add_subparsers(dest="command", required=True, metavar="command")
 
     def command(
@@ -379,8 +379,8 @@ def parser() -> argparse.ArgumentParser:
         "work",
         cmd_work,
         "run worker slots until stopped, for a time, or until idle",
-        "synclane --app mysync.app:app work                 # until Ctrl-C or SIGTERM",
-        "synclane --app mysync.app:app work --for 540        # a time budget",
+        "synclane --app mysync.app:app work              # until Ctrl-C or SIGTERM",
+        "synclane --app mysync.app:app work --for 540    # a time budget",
         "synclane --app mysync.app:app work --until-idle --idle-grace 30",
     )
     work.add_argument(
@@ -452,6 +452,7 @@ def parser() -> argparse.ArgumentParser:
     requeue.add_argument(
         "--cause-id",
         type=cli_args.cause_id,
+        metavar="ID",
         help="only the jobs of this cause: its id in the first column of `synclane failures`",
     )
     requeue.add_argument(

@@ -31,27 +31,28 @@ exit status: 0 done; 2 a mistake (one line says which option or name); 3 `work -
 """
 
 
-def add_common(parser: argparse.ArgumentParser, default: object) -> None:
-    """Options every command takes, before or after its name."""
-    parser.add_argument(
+def add_common(parser: argparse.ArgumentParser, default: object, *, title: str = "") -> None:
+    """Options every command takes, before or after its name (listed under `title`)."""
+    group = parser.add_argument_group(title) if title else parser
+    group.add_argument(
         "--dsn", default=default, help="PostgreSQL DSN (default: $SYNCLANE_DSN, else embedded)"
     )
-    parser.add_argument(
+    group.add_argument(
         "--app", default=default, help="the app, package.module:attribute ($SYNCLANE_APP)"
     )
-    parser.add_argument(
+    group.add_argument(
         "--schema",
         default=default,
         help="the table's schema ($SYNCLANE_SCHEMA) for `demo`, `migrate` without an app, and "
         "apps that read it (the demo's does); an app with another schema is refused",
     )
-    parser.add_argument(
+    group.add_argument(
         "-v", "--verbose", action="count", default=default, help="details too (DEBUG)"
     )
-    parser.add_argument(
+    group.add_argument(
         "-q", "--quiet", action="store_true", default=default, help="only problems (WARNING)"
     )
-    parser.add_argument(
+    group.add_argument(
         "--traceback", action="store_true", default=default, help="show where an error came from"
     )
 

@@ -48,7 +48,8 @@ def line(event: Event, max_attempts: int | None = None) -> tuple[int, str]:
         took = f" in {_seconds(event.seconds)}" if event.seconds is not None else ""
         text = f"{job}: completed, {event.records} records{took}"
     elif kind == "first_load_finished":
-        text = f"{event.owner} {event.type}: first load complete, every history slice is loaded"
+        slices = ", every history slice is loaded" if event.window_start is not None else ""
+        text = f"{event.owner} {event.type}: first load complete{slices}"
     elif kind == "failed":
         text = f"{job}: failed ({attempt}): {error}; retry {when(event.until, event.at)}"
     elif kind == "throttled":
