@@ -247,7 +247,7 @@ def cmd_demo(args: argparse.Namespace, term: Terminal) -> int:
     same_dsn = " (with the same --dsn)" if args.dsn else ""
     term.say(f"Ctrl-C stops it; `{command} jobs` shows the table from another terminal{same_dsn}")
     story = Story(demo, command=command)
-    story.intro(sum(app.plan().values()))
+    story.intro(sum(app.plan().values()), kept=args.keep)
     from synclane.worker import Worker
 
     try:

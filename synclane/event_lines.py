@@ -37,6 +37,8 @@ def line(event: Event, max_attempts: int | None = None) -> tuple[int, str]:
     job = job_label(event)
     error = short_error(event.error)
     attempt = f"attempt {event.attempt}" + (f" of {max_attempts}" if max_attempts else "")
+    if max_attempts and event.attempt > max_attempts:
+        attempt = "its deferred last attempt"
     kind = event.kind
     if kind == "started":
         where = f" at cursor {event.cursor}" if event.cursor else ""

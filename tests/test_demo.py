@@ -9,6 +9,7 @@ from what the story said."""
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -317,3 +318,31 @@ def test_a_reset_lets_the_story_play_again(demo: Demo, db: psycopg.Connection[An
     assert story.rows("SELECT count(*) AS n FROM {products}") == [{"n": 0}]
     assert story.rows("SELECT count(*) AS n FROM {faults}") == [{"n": 0}]
     assert demo.app.plan("shops") == {"shops": 24}
+
+
+def test_a_kept_story_offers_the_requeue_its_last_run_left_waiting(
+    demo: Demo, db: psycopg.Connection[Any]
+) -> None:
+    """`synclane demo --keep` after a run that stopped with the broken slice abandoned and the
+    shop's record fixed: the story says at once that Requeue will now load it."""
+    story = Story(demo, db)
+    demo.app.plan("shops")
+    story.rows(
+        "UPDATE {jobs} SET status = 'abandoned', cursor = '50', attempt_count = 6,"
+        " error = 'ShopBrokenPage: globex orders: the page at cursor 50 is broken'"
+        " WHERE owner = 'globex' AND mode = 'initial' AND type = 'orders'"
+        " AND window_end = (SELECT max(window_end) FROM {jobs} WHERE owner = 'globex'"
+        "  AND mode = 'initial' AND type = 'orders') - interval '30 days'"
+    )
+    story.rows(
+        "INSERT INTO {faults} (fault, failures, heals_after, fixed_at)"
+        " VALUES ('globex orders', 6, 6, clock_timestamp() - interval '1 second')"
+    )
+    said: list[str] = []
+    teller = Teller(demo, say=said.append)
+    teller.intro(0, kept=True)
+    wait_for(lambda: any("press Requeue" in text for text in said), 10, "the requeue hint")
+    teller.close()
+    assert said[0] == "continuing the last run's story; 0 new jobs planned"
+    assert not any("is fixing" in text for text in said), "already fixed: no wait announced"
+    assert re.search(r"requeue --cause-id [0-9a-f]{8}`$", said[-1])

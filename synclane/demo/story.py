@@ -39,8 +39,17 @@ class Story:
         self._stop = threading.Event()
         self._fix_watch: threading.Thread | None = None
 
-    def intro(self, planned: int) -> None:
-        """What happens first, and where each step is explained."""
+    def intro(self, planned: int, *, kept: bool = False) -> None:
+        """What happens first, and where each step is explained. `kept`: the story continues
+        a run that may have left the broken slice abandoned, waiting for its requeue."""
+        if kept:
+            self.say(f"continuing the last run's story; {planned} new jobs planned")
+            waiting = self.demo.app.failures(QUEUE, owner=BROKEN_OWNER, status="abandoned")
+            if not waiting.empty:
+                self.broken_job = int(waiting["job_ids"].iloc[0][0])
+                self.told.add("abandoned")
+                self._watch_the_fix()
+            return
         self.say(
             f"planned {planned} jobs for 4 accounts: each account's products first, then its "
             "orders newest first (a refresh, then 30-day history slices back 120 days)"
@@ -70,10 +79,7 @@ class Story:
             )
         elif event.kind == "abandoned" and "abandoned" not in self.told:
             self.told.add("abandoned")
-            self._fix_watch = threading.Thread(
-                target=self._tell_when_fixed, name="synclane-demo-story", daemon=True
-            )
-            self._fix_watch.start()
+            self._watch_the_fix()
         elif event.kind == "started" and "abandoned" in self.told:
             self._once(
                 "requeued",
@@ -87,6 +93,12 @@ class Story:
                 "every account's history is loaded and the story is over. The demo keeps "
                 "refreshing every 15 minutes; Ctrl-C stops it",
             )
+
+    def _watch_the_fix(self) -> None:
+        self._fix_watch = threading.Thread(
+            target=self._tell_when_fixed, name="synclane-demo-story", daemon=True
+        )
+        self._fix_watch.start()
 
     def _is_broken(self, event: Event) -> bool:
         if event.owner != BROKEN_OWNER or event.window_start is None or event.window_end is None:
@@ -108,10 +120,12 @@ class Story:
                 fixed_at = self.demo.shop.fixed_at()
             if fixed_at is None:
                 return
-            self.say(
-                "the shop is fixing the broken record on its side; the page will answer in "
-                f"about {max((fixed_at - datetime.now(UTC)).total_seconds(), 0):.0f} s"
-            )
+            left = (fixed_at - datetime.now(UTC)).total_seconds()
+            if left > 0:
+                self.say(
+                    "the shop is fixing the broken record on its side; the page will answer in "
+                    f"about {left:.0f} s"
+                )
             while not self._stop.is_set() and datetime.now(UTC) < fixed_at:
                 self._stop.wait(min((fixed_at - datetime.now(UTC)).total_seconds(), 1.0))
             if self._stop.is_set():
