@@ -455,8 +455,9 @@ def test_the_demo_tells_its_story_and_a_requeue_from_another_terminal_ends_it(
         raise AssertionError(f"no line with {words!r} in {seconds} s:\n" + "\n".join(said))
 
     try:
-        fixed = wait_for_line("press Requeue", 60)
-        command = re.search(r"`(synclane [^`]+ requeue --cause-id [0-9a-f]{8})`", fixed)
+        wait_for_line("press Requeue", 60)
+        fixed = wait_for_line(" requeue --cause-id ", 5)
+        command = re.search(r"INFO\s+(synclane .+ requeue --cause-id [0-9a-f]{8})$", fixed)
         assert command is not None, fixed
         words = command.group(1).split()[1:]
         requeued = subprocess.run(

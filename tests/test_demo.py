@@ -296,8 +296,10 @@ def check_the_story_says_each_moment_once_and_in_order(story: Story) -> None:
         assert len(found) == 1, (moment, texts)
         positions.append(found[0])
     assert positions == sorted(positions), texts
-    requeue_line = texts[positions[2]]
-    assert "requeue --cause-id " in requeue_line
+    requeue_line = texts[positions[2] + 1]  # the command on a line of its own
+    assert re.fullmatch(
+        r"  synclane --app synclane.demo.app:app requeue --cause-id \w{8}", requeue_line
+    )
     fixed = story.rows("SELECT fixed_at FROM {faults}")[0]["fixed_at"]
     last_refusal = story.rows("SELECT max(fetched_at) AS t FROM {fetches} WHERE outcome = 'broken'")
     # the shop took its time to fix the record (less the last answer's own slowness)
@@ -345,4 +347,5 @@ def test_a_kept_story_offers_the_requeue_its_last_run_left_waiting(
     teller.close()
     assert said[0] == "continuing the last run's story; 0 new jobs planned"
     assert not any("is fixing" in text for text in said), "already fixed: no wait announced"
-    assert re.search(r"requeue --cause-id [0-9a-f]{8}`$", said[-1])
+    assert said[-2] == "the shop has fixed its broken record: press Requeue on the page, or run"
+    assert re.fullmatch(r"  synclane --app \S+ requeue --cause-id [0-9a-f]{8}", said[-1])

@@ -130,10 +130,10 @@ class Story:
                 self._stop.wait(min((fixed_at - datetime.now(UTC)).total_seconds(), 1.0))
             if self._stop.is_set():
                 return
-            self.say(
-                "the shop has fixed its broken record: press Requeue on the page, or run "
-                f"`{self.command} requeue {self._requeue_filter()}`"
-            )
+            # The command on a line of its own, short enough not to wrap: copied whole.
+            command = f"  {self.command} requeue {self._requeue_filter()}"
+            self.say("the shop has fixed its broken record: press Requeue on the page, or run")
+            self.say(command)
         except Exception as error:  # the story must never break the demo
             log.debug("the demo's story could not follow the shop's fix: %s", error)
 
