@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 import psycopg
 
-from synclane import cli_args
+from synclane import __version__, cli_args
 from synclane.app import DatabaseUnavailable, OwnerSourceError, SyncLane, redact
 from synclane.cli_args import UsageError
 from synclane.model import STATUSES, ConfigError
@@ -260,7 +260,7 @@ def cmd_demo(args: argparse.Namespace, term: Terminal) -> int:
             server.shutdown()
             server.server_close()
     term.say(f"demo stopped: {report_text(report)}")
-    for line in left_open(app, list(app.queues)):
+    for line in left_open(app, list(app.queues)) or ["nothing left open"]:
         term.say(line)
     demo.close()
     return 0
@@ -300,6 +300,7 @@ def parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     cli_args.add_common(main, None)
+    main.add_argument("--version", action="version", version=f"synclane {__version__}")
     main.set_defaults(verbose=0, quiet=False, traceback=False, schema=os.environ.get(
         "SYNCLANE_SCHEMA") or None)  # fmt: skip
     common = Parser(add_help=False)
@@ -522,7 +523,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             first = text.splitlines()[0] if text else type(error).__name__
             if not mistake:
                 first = f"unexpected {type(error).__name__}: {first}"
-            if not isinstance(error, UsageError | DatabaseUnavailable):
+            if not mistake or error.__cause__ is not None:  # where it came from may help
                 first += " (--traceback shows where)"
             print(f"synclane: error: {first}", file=sys.stderr)
         return EXIT_MISTAKE if mistake else 1

@@ -497,4 +497,5 @@ def test_the_demo_tells_its_story_and_a_requeue_from_another_terminal_ends_it(
         assert re.search(expected, story), expected
     assert "Warning" not in story and "Traceback" not in story
     assert all(len(line) < 400 for line in said), "one short line per event"
-    assert out.strip().splitlines()[-1].startswith("demo stopped: ")
+    assert out.strip().splitlines()[-2].startswith("demo stopped: ")
+    assert out.strip().splitlines()[-1] == "nothing left open", "the requeued slice loaded"
