@@ -499,3 +499,62 @@ def test_the_demo_tells_its_story_and_a_requeue_from_another_terminal_ends_it(
     assert all(len(line) < 400 for line in said), "one short line per event"
     assert out.strip().splitlines()[-2].startswith("demo stopped: ")
     assert out.strip().splitlines()[-1] == "nothing left open", "the requeued slice loaded"
+
+
+def test_an_event_line_says_what_happened_in_one_short_line() -> None:
+    """Each kind of worker event as the terminal prints it: the job, what happened, and when
+    it continues; the steps in between at DEBUG."""
+    import logging
+    from datetime import UTC, datetime, timedelta
+
+    from synclane.event_lines import line
+    from synclane.events import KINDS, Event
+
+    at = datetime(2026, 11, 30, 7, 44, tzinfo=UTC)
+    job = {
+        "queue": "shops",
+        "job_id": 16,
+        "owner": "globex",
+        "lane": "globex",
+        "type": "orders",
+        "mode": "initial",
+        "worker": "w",
+        "window_start": datetime(2026, 10, 1, tzinfo=UTC),
+        "window_end": datetime(2026, 10, 31, tzinfo=UTC),
+        "at": at,
+    }
+    lines = {
+        kind: line(
+            Event(
+                kind=kind,
+                attempt=2,
+                error="Throttled: 429 Too Many Requests" if kind == "throttled" else "E: 1\nmore",
+                until=at + timedelta(seconds=2.5),
+                records=50,
+                cursor="100",
+                status="pending",
+                **job,
+            ),
+            max_attempts=5,
+        )
+        for kind in KINDS
+    }
+    label = "job 16 globex orders 2026-10-01..10-31: "
+    assert lines["failed"] == (
+        logging.INFO,
+        label + "failed (attempt 2 of 5): E: 1; retry in 2.5 s",
+    )
+    assert lines["throttled"] == (
+        logging.INFO,
+        label + "the API said slow down (429 Too Many Requests); lane globex pauses for 2.5 s",
+    )
+    assert lines["deferred"][0] == lines["abandoned"][0] == logging.WARNING
+    assert lines["started"][0] == lines["page"][0] == logging.DEBUG
+    assert lines["handed_back"][1] == label + (
+        "handed back at cursor 100, to continue there (the worker is stopping)"
+    )
+    for kind, (_, text) in lines.items():
+        assert "\n" not in text and len(text) < 250, kind
+        assert kind == "first_load_finished" or text.startswith(label), kind
+    far = Event(kind="failed", until=at + timedelta(minutes=90), **job)
+    assert line(far)[1].endswith("retry at 09:14:00 UTC (in 1.5 h)")
