@@ -144,8 +144,9 @@ def cmd_failures(args: argparse.Namespace, term: Terminal) -> int:
     term.table(frame, FAILURE_COLUMNS, "no open failures")
     if not frame.empty:
         term.say(
-            "`synclane requeue --queue QUEUE --cause-id ID` gives the jobs of a cause fresh "
-            "attempts; `synclane jobs --status abandoned` lists them"
+            "`synclane requeue --cause-id ID` gives the jobs of a cause fresh attempts (add "
+            "--queue where the app has several); `synclane jobs --status abandoned` lists the "
+            "jobs that wait for a human"
         )
     return 0
 
@@ -182,8 +183,9 @@ def cmd_requeue(args: argparse.Namespace, term: Terminal) -> int:
         term.say(f"nothing to requeue: {states}")
         return 0
     cli_args.check_owner(app, [queue], args.owner)
-    stopped = "failed, deferred, abandoned or cancelled" if args.include_cancelled else (
-        "failed, deferred or abandoned")  # fmt: skip
+    stopped = "failed, deferred, abandoned or cancelled"
+    if not args.include_cancelled:
+        stopped = "failed, deferred or abandoned"
     term.say(f"nothing to requeue: no {stopped} job in queue {queue}{narrowed}")
     return 0
 
@@ -222,6 +224,7 @@ def cmd_demo(args: argparse.Namespace, term: Terminal) -> int:
     from synclane.demo import build_demo, data_schema_for
     from synclane.demo.story import Story
     from synclane.terminal import EventPrinter, left_open, report_text
+    from synclane.worker import Worker
 
     schema = args.schema or "synclane"
     demo = build_demo(args.dsn or None, schema, args.speed, data_schema=data_schema_for(schema))
@@ -248,8 +251,6 @@ def cmd_demo(args: argparse.Namespace, term: Terminal) -> int:
     term.say(f"Ctrl-C stops it; `{command} jobs` shows the table from another terminal{same_dsn}")
     story = Story(demo, command=command)
     story.intro(sum(app.plan().values()), kept=args.keep)
-    from synclane.worker import Worker
-
     try:
         with term.progress(lambda: app.open_jobs(), "demo") as bar:
             worker = Worker(app, None, args.seconds, on_event=[EventPrinter(app), story, bar])
