@@ -200,7 +200,8 @@ class _DetailsFilter(logging.Filter):
         self.verbose = verbose
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.name != "synclane" or record.levelno > logging.WARNING:
+        told = record.name in (events_log.name, "synclane.demo")
+        if told or not record.name.startswith("synclane") or record.levelno > logging.WARNING:
             return True
         if not _DETAILS.match(record.getMessage()):
             return True
