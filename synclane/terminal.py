@@ -407,7 +407,7 @@ PROGRESS_COLUMNS = (
     Column("slices_failed", "failed", justify="right"),
     Column("records", justify="right"),
     Column("coverage_end", "loaded span", show=_coverage),
-    Column("eta", "eta"),
+    Column("eta", "eta", show=lambda r: "" if r.get("state") == "loaded" else cell(r.get("eta"))),
 )
 FAILURE_COLUMNS = (
     Column("cause_id", "cause id", no_wrap=True),
