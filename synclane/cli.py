@@ -1,29 +1,33 @@
 """The `synclane` command: daily work on the jobs table from a terminal.
 
-A user mistake (bad DSN, unknown queue, unreachable database, bad app path) prints one line on
-stderr and exits with status 2; it never shows a traceback.
+Exit status: 0 done; 2 a mistake on the command line (an option's value, a name the app or the
+table does not know, a database that cannot be reached: one line on stderr names it); 3 `work
+--until-idle` or `plan --work` stopped with jobs left open or waiting for a human (the last
+lines say which and why); 1 an unexpected error (one line; `--traceback` shows where); 130
+interrupted. Results go to stdout; log lines and the progress bar to stderr (synclane.terminal).
 """
 
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 import threading
+import traceback
 from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, NoReturn
 
 import psycopg
 
-from synclane import loading
+from synclane import __version__, cli_args
 from synclane.app import DatabaseUnavailable, OwnerSourceError, SyncLane, redact
+from synclane.cli_args import UsageError
 from synclane.errors import SchemaError
 from synclane.model import STATUSES, ConfigError
 
 if TYPE_CHECKING:
-    import pandas as pd
+    from synclane.terminal import Terminal
 
 USER_ERRORS = (
     ConfigError,
@@ -32,237 +36,197 @@ USER_ERRORS = (
     SchemaError,
     psycopg.OperationalError,
 )
+EXIT_MISTAKE = 2
+EXIT_WORK_LEFT = 3
+MAX_LIMIT = 100_000  # rows `jobs` prints; more is a job for SQL or app.jobs()
 
 
-class UsageError(Exception):
-    """A mistake on the command line; printed as one line."""
+# -- commands: each returns the exit status -------------------------------------------------
 
 
-def load_app(path: str | None, dsn: str | None) -> SyncLane:
-    """The app named by --app (or $SYNCLANE_APP); --dsn reaches apps built with SyncLane(None)
-    through $SYNCLANE_DSN."""
-    if not path:
-        raise UsageError(
-            "no app: pass --app package.module:app or set SYNCLANE_APP "
-            "(the demo's is synclane.demo.app:app)"
-        )
-    return loading.load_app(path, dsn or None)
-
-
-def _bare_app(dsn: str | None, schema: str) -> SyncLane:
-    return SyncLane(dsn or None, schema=schema)
-
-
-def _print_frame(frame: pd.DataFrame, columns: Sequence[str], empty: str) -> None:
-    import pandas as pd
-
-    if frame.empty:
-        print(empty)
-        return
-    shown = frame[[c for c in columns if c in frame.columns]].copy()
-    for name in shown.columns:
-        if isinstance(shown[name].dtype, pd.DatetimeTZDtype):
-            shown[name] = shown[name].dt.strftime("%Y-%m-%d %H:%M:%S").fillna("")
-        elif shown[name].dtype == "string" or shown[name].dtype == object:
-            shown[name] = shown[name].map(_short)
-    with pd.option_context("display.width", 200, "display.max_columns", 30):
-        print(shown.to_string(index=False, na_rep=""))
-
-
-def _short(value: Any, limit: int = 60) -> str:
-    if value is None or value is pd_na():
-        return ""
-    if isinstance(value, list):
-        value = ", ".join(str(v) for v in value)
-    text = str(value).replace("\n", " ")
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def pd_na() -> Any:
-    import pandas as pd
-
-    return pd.NA
-
-
-class ProgressBar:
-    """A one-line bar on stderr while long work runs (only on a terminal)."""
-
-    def __init__(self, read: Callable[[], int], label: str) -> None:
-        self.read = read
-        self.total = 0
-        self.label = label
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.enabled = sys.stderr.isatty()
-
-    def __enter__(self) -> ProgressBar:
-        if self.enabled:
-            self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        if self.enabled:
-            self.thread.join(timeout=5)
-            self._draw()
-            sys.stderr.write("\n")
-
-    def _run(self) -> None:
-        while not self.stop.wait(1.0):
-            self._draw()
-
-    def _draw(self) -> None:
-        try:
-            remaining = self.read()
-        except Exception:  # a progress bar must never break the work it shows
-            return
-        total = self.total = max(self.total, remaining)
-        done = total - remaining
-        width = 30
-        filled = width if total == 0 else round(width * done / total)
-        bar = "#" * filled + "." * (width - filled)
-        sys.stderr.write(f"\r{self.label} [{bar}] {done}/{total} jobs done")
-        sys.stderr.flush()
-
-
-def _open_jobs(app: SyncLane, queues: Sequence[str]) -> int:
-    return app.open_jobs(queues)
-
-
-# -- commands -------------------------------------------------------------------------------
-
-
-def cmd_migrate(args: argparse.Namespace) -> None:
-    app = _app_or_bare(args)
-    print(f"schema {app.schema!r} is at version {app.migrate()}")
-
-
-def _app_or_bare(args: argparse.Namespace) -> SyncLane:
+def cmd_migrate(args: argparse.Namespace, term: Terminal) -> int:
     if args.app or os.environ.get("SYNCLANE_APP"):
-        return load_app(args.app or os.environ.get("SYNCLANE_APP"), args.dsn)
-    return _bare_app(args.dsn, args.schema)
+        app = cli_args.load_app(args)
+    else:
+        app = SyncLane(args.dsn or None, schema=args.schema or "synclane")
+    term.say(f"schema {app.schema!r} is at version {app.migrate()}")
+    return 0
 
 
-def _app(args: argparse.Namespace) -> SyncLane:
-    return load_app(args.app or os.environ.get("SYNCLANE_APP"), args.dsn)
-
-
-def cmd_plan(args: argparse.Namespace) -> None:
-    app = _app(args)
+def cmd_plan(args: argparse.Namespace, term: Terminal) -> int:
+    app = cli_args.load_app(args)
+    queues = cli_args.queues(app, args.queue, one=args.owner is not None)
+    cli_args.check_type(app, queues, args.type)
     horizon = None if args.horizon_days is None else timedelta(days=args.horizon_days)
-    added = app.plan(args.queue, args.owner, horizon=horizon, type=args.type)
-    for queue, count in added.items():
-        print(f"{queue}: {count} new job(s)")
+    queue = args.queue or (queues[0] if args.owner else None)
+    if queue is not None and args.owner is not None:
+        cli_args.check_connected(app, queue, args.owner)
+    added = app.plan(queue, args.owner, horizon=horizon, type=args.type)
+    for name, count in added.items():
+        term.say(f"{name}: {count} new job(s)")
     if args.work:
-        _work(app, [args.queue] if args.queue else None, None, until_idle=True)
+        return _work(app, queues, None, True, args.idle_grace, term)
+    return 0
 
 
-def cmd_work(args: argparse.Namespace) -> None:
-    app = _app(args)
-    _work(app, args.queue or None, args.seconds, args.until_idle)
+def cmd_work(args: argparse.Namespace, term: Terminal) -> int:
+    if args.idle_grace is not None and not args.until_idle:
+        raise UsageError("argument --idle-grace: only means something with --until-idle")
+    app = cli_args.load_app(args)
+    queues = sorted({q for name in args.queue or [None] for q in cli_args.queues(app, name)})
+    return _work(app, queues, args.seconds, args.until_idle, args.idle_grace, term)
 
 
 def _work(
-    app: SyncLane, queues: Sequence[str] | None, seconds: float | None, until_idle: bool
-) -> None:
-    worker = app.worker(queues, seconds, until_idle=until_idle)
-    names = [q.name for q in worker.queues]
-    with ProgressBar(lambda: _open_jobs(app, names), "working"):
+    app: SyncLane,
+    queues: Sequence[str],
+    seconds: float | None,
+    until_idle: bool,
+    idle_grace: float | None,
+    term: Terminal,
+) -> int:
+    from synclane.terminal import EventPrinter, left_open, report_text, timer
+    from synclane.worker import IDLE_GRACE
+
+    grace = IDLE_GRACE if idle_grace is None else timedelta(seconds=idle_grace)
+    elapsed = timer()
+    with term.progress(lambda: app.open_jobs(queues), "working") as bar:
+        worker = app.worker(
+            queues, seconds, until_idle=until_idle, idle_grace=grace,
+            on_event=[EventPrinter(app), bar],
+        )  # fmt: skip
         report = worker.run()
-    done = ", ".join(f"{name} {count}" for name, count in sorted(report.items())) or "nothing"
-    print(f"worker stopped: {done}")
+    term.say(f"worker stopped after {elapsed():.0f} s: {report_text(report)}")
+    left = left_open(app, queues)
+    for line in left or ["nothing left open"]:
+        term.say(line)
+    return EXIT_WORK_LEFT if until_idle and left else 0
 
 
-def cmd_jobs(args: argparse.Namespace) -> None:
-    app = _app(args)
+def cmd_jobs(args: argparse.Namespace, term: Terminal) -> int:
+    from synclane.terminal import JOB_COLUMNS
+
+    app = cli_args.load_app(args)
+    queues = cli_args.queues(app, args.queue)
+    cli_args.check_type(app, queues, args.type)
     frame = app.jobs(args.queue, args.owner, args.status, args.type, args.limit)
-    columns = [
-        "id",
-        "owner",
-        "lane",
-        "type",
-        "mode",
-        "status",
-        "window_start",
-        "window_end",
-        "cursor",
-        "processed_count",
-        "attempt_count",
-        "next_run_at",
-        "error",
-    ]
-    _print_frame(frame, columns, "no jobs")
+    if frame.empty:
+        cli_args.check_owner(app, queues, args.owner)
+    term.table(frame, JOB_COLUMNS, "no jobs match" if args.owner or args.status else "no jobs")
+    return 0
 
 
-def cmd_progress(args: argparse.Namespace) -> None:
-    app = _app(args)
-    queues = [args.queue] if args.queue else list(app.queues)
+def cmd_progress(args: argparse.Namespace, term: Terminal) -> int:
+    from synclane.terminal import PROGRESS_COLUMNS
+
+    app = cli_args.load_app(args)
+    queues = cli_args.queues(app, args.queue)
+    cli_args.check_type(app, queues, args.type)
     for queue in queues:
         if len(queues) > 1:
-            print(f"== {queue}")
-        frame = app.progress(queue, args.owner)
-        columns = [
-            "owner",
-            "type",
-            "slices_total",
-            "slices_completed",
-            "slices_failed",
-            "records",
-            "coverage_start",
-            "coverage_end",
-            "percent",
-            "state",
-            "eta",
-        ]
-        _print_frame(frame, columns, "nothing planned yet")
+            term.say(f"== {queue}")
+        frame = app.progress(queue, args.owner, args.type)
+        if frame.empty:
+            cli_args.check_owner(app, queues, args.owner)
+        term.table(frame, PROGRESS_COLUMNS, "nothing planned yet")
+    return 0
 
 
-def cmd_failures(args: argparse.Namespace) -> None:
-    app = _app(args)
+def cmd_failures(args: argparse.Namespace, term: Terminal) -> int:
+    from synclane.terminal import FAILURE_COLUMNS
+
+    app = cli_args.load_app(args)
+    queues = cli_args.queues(app, args.queue)
+    cli_args.check_type(app, queues, args.type)
     frame = app.failures(args.queue, args.owner, args.type)
-    columns = ["queue", "type", "jobs", "owners", "statuses", "last_seen", "cause"]
-    _print_frame(frame, columns, "no open failures")
+    if frame.empty:
+        cli_args.check_owner(app, queues, args.owner)
+    term.table(frame, FAILURE_COLUMNS, "no open failures")
+    if not frame.empty:
+        term.say(
+            "`synclane requeue --cause-id ID` gives the jobs of a cause fresh attempts (add "
+            "--queue where the app has several); `synclane jobs --status abandoned` lists the "
+            "jobs that wait for a human"
+        )
+    return 0
 
 
-def cmd_requeue(args: argparse.Namespace) -> None:
-    app = _app(args)
+def cmd_requeue(args: argparse.Namespace, term: Terminal) -> int:
+    app = cli_args.load_app(args)
+    (queue,) = cli_args.queues(app, args.queue, one=True)
+    cli_args.check_type(app, [queue], args.type)
     count = app.requeue(
-        args.queue,
+        queue,
         args.owner,
         args.type,
         ids=args.id or None,
         include_cancelled=args.include_cancelled,
         cause=args.cause,
+        cause_id=args.cause_id,
     )
-    print(f"requeued {count} job(s)")
+    if count:
+        term.say(f"requeued {count} job(s) in queue {queue}")
+        return 0
+    narrowed = cli_args.filters(owner=args.owner, type=args.type)
+    if args.cause_id or args.cause:
+        named = f"cause id {args.cause_id}" if args.cause_id else f"cause {args.cause!r}"
+        raise UsageError(
+            f"no open failure matches {named} in queue {queue}{narrowed}: `synclane failures` "
+            "lists the open causes and their ids"
+        )
+    if args.id:
+        found = app.jobs(queue, ids=args.id, limit=len(args.id))
+        missing = sorted(set(args.id) - {int(i) for i in found["id"]})
+        if missing:
+            raise UsageError(f"argument --id: queue {queue} has no job {missing[0]}")
+        states = ", ".join(f"job {r.id} is {r.status}" for r in found.itertuples())
+        term.say(f"nothing to requeue: {states}")
+        return 0
+    cli_args.check_owner(app, [queue], args.owner)
+    stopped = "failed, deferred, abandoned or cancelled"
+    if not args.include_cancelled:
+        stopped = "failed, deferred or abandoned"
+    term.say(f"nothing to requeue: no {stopped} job in queue {queue}{narrowed}")
+    return 0
 
 
-def cmd_cancel(args: argparse.Namespace) -> None:
-    app = _app(args)
-    count = app.cancel(args.queue, args.owner, args.reason, type=args.type)
-    print(f"cancelled {count} job(s)")
+def cmd_cancel(args: argparse.Namespace, term: Terminal) -> int:
+    if args.owner is None:
+        raise UsageError("argument --owner is needed: whose unfinished jobs to cancel")
+    app = cli_args.load_app(args)
+    (queue,) = cli_args.queues(app, args.queue, one=True)
+    cli_args.check_type(app, [queue], args.type)
+    count = app.cancel(queue, args.owner, args.reason, type=args.type)
+    if not count:
+        cli_args.check_owner(app, [queue], args.owner)
+        term.say(f"nothing to cancel: {args.owner} has no unfinished job in queue {queue}")
+    else:
+        term.say(f"cancelled {count} job(s) of {args.owner} in queue {queue}")
+    return 0
 
 
-def cmd_dashboard(args: argparse.Namespace) -> None:
+def cmd_dashboard(args: argparse.Namespace, term: Terminal) -> int:
     from synclane import dashboard
 
     dashboard.serve(
-        _app(args),
+        cli_args.load_app(args),
         host=args.host,
         port=args.port,
         allow_remote=args.allow_remote,
         trust_proxy=args.trust_proxy,
         on_ready=lambda url: print(f"synclane dashboard on {url} (Ctrl-C stops it)", flush=True),
     )
+    return 0
 
 
-def cmd_demo(args: argparse.Namespace) -> None:
+def cmd_demo(args: argparse.Namespace, term: Terminal) -> int:
     from synclane import dashboard
-    from synclane.demo import build_demo
+    from synclane.demo import build_demo, data_schema_for
+    from synclane.demo.story import Story
+    from synclane.terminal import EventPrinter, left_open, report_text
 
-    # The demo's rows go to schema "demo" beside "synclane", or "<schema>_demo" beside another.
-    data_schema = "demo" if args.schema == "synclane" else f"{args.schema}_demo"
-    demo = build_demo(args.dsn or None, args.schema, args.speed, data_schema=data_schema)
+    schema = args.schema or "synclane"
+    demo = build_demo(args.dsn or None, schema, args.speed, data_schema=data_schema_for(schema))
     if not args.keep:
         demo.reset()  # each run tells the story from the start
     app = demo.app
@@ -277,24 +241,32 @@ def cmd_demo(args: argparse.Namespace) -> None:
             trust_proxy=args.trust_proxy,
         )
         threading.Thread(target=server.serve_forever, daemon=True).start()
-        print(f"synclane demo on {where}: open {server.url}", flush=True)
+        term.say(f"synclane demo on {where}: open {server.url}")
     else:
-        print(f"synclane demo on {where}", flush=True)
-    print("Ctrl-C stops it; `synclane --app synclane.demo.app:app jobs` shows the table.")
-    added = app.plan()
-    print(f"planned {sum(added.values())} job(s) for 4 accounts", flush=True)
-    worker = app.worker(None, args.seconds)
+        term.say(f"synclane demo on {where}")
+    command = "synclane" + (f" --schema {schema}" if schema != "synclane" else "")
+    command += " --app synclane.demo.app:app"
+    same_dsn = " (with the same --dsn)" if args.dsn else ""
+    term.say(f"Ctrl-C stops it; `{command} jobs` shows the table from another terminal{same_dsn}")
+    story = Story(demo, command=command)
+    story.intro(sum(app.plan().values()), kept=args.keep)
     try:
-        report = worker.run()
+        with term.progress(lambda: app.open_jobs(), "demo") as bar:
+            worker = app.worker(None, args.seconds, on_event=[EventPrinter(app), story, bar])
+            report = worker.run()
     finally:
+        story.close()
         if server is not None:
             server.shutdown()
             server.server_close()
-        demo.close()
-    print(f"demo stopped: {report}")
+    term.say(f"demo stopped: {report_text(report)}")
+    for line in left_open(app, list(app.queues)) or ["nothing left open"]:
+        term.say(line)
+    demo.close()
+    return 0
 
 
-def cmd_serve(args: argparse.Namespace) -> None:
+def cmd_serve(args: argparse.Namespace, term: Terminal) -> int:
     path: str | None = args.app or os.environ.get("SYNCLANE_APP")
     if not path:
         raise UsageError("no app: pass --app package.module:app or set SYNCLANE_APP")
@@ -305,116 +277,259 @@ def cmd_serve(args: argparse.Namespace) -> None:
             "`synclane serve` runs Prefect deployments: install the extra with "
             "pip install 'synclane[prefect]'"
         ) from None
-    print(f"serving the Prefect deployments of {path} (Ctrl-C stops them)", flush=True)
+    term.say(f"serving the Prefect deployments of {path} (Ctrl-C stops them)")
     serve(path, dsn=args.dsn or None, work_budget_seconds=args.work_budget)
+    return 0
+
+
+# -- the parser -----------------------------------------------------------------------------
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, with a mistake printed as one line instead of the usage and the message."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_MISTAKE, f"synclane: error: {message} (`{self.prog} --help` helps)\n")
 
 
 def parser() -> argparse.ArgumentParser:
-    main = argparse.ArgumentParser(
+    main = Parser(
         prog="synclane",
         description="Sync jobs in a PostgreSQL table: plan, work, inspect, fix.",
+        epilog=cli_args.EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    main.add_argument("--dsn", help="PostgreSQL DSN (default: $SYNCLANE_DSN, else embedded)")
-    main.add_argument("--app", help="the app, package.module:attribute (default: $SYNCLANE_APP)")
-    main.add_argument(
-        "--schema",
-        default="synclane",
-        help="the table's schema for `demo` and for `migrate` without --app",
-    )
-    main.add_argument("-v", "--verbose", action="store_true", help="log every job change")
+    cli_args.add_common(main, None)
+    main.add_argument("--version", action="version", version=f"synclane {__version__}")
+    main.set_defaults(verbose=0, quiet=False, traceback=False, schema=os.environ.get(
+        "SYNCLANE_SCHEMA") or None)  # fmt: skip
+    common = Parser(add_help=False)
+    cli_args.add_common(common, argparse.SUPPRESS, title="options of every command")
     commands = main.add_subparsers(dest="command", required=True, metavar="command")
-    # --dsn and --app may also follow the command (`synclane dashboard --app x:app`).
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--dsn", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
-    common.add_argument("--app", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
-    def command(name: str, run: Callable[[argparse.Namespace], None], text: str) -> Any:
-        sub = commands.add_parser(name, help=text, description=text, parents=[common])
+    def command(
+        name: str, run: Callable[[argparse.Namespace, Terminal], int], text: str, *examples: str
+    ) -> argparse.ArgumentParser:
+        sub = commands.add_parser(
+            name,
+            help=text,
+            description=text,
+            parents=[common],
+            epilog="examples:\n" + "\n".join(f"  {example}" for example in examples),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
         sub.set_defaults(run=run)
         return sub
 
-    demo = command("demo", cmd_demo, "run the demo shop with workers and its page")
+    name = cli_args.name
+    demo = command(
+        "demo",
+        cmd_demo,
+        "run the demo shop with workers and its page (docs/demo.md tells its story)",
+        "synclane demo                 # the story at its own pace, page on 127.0.0.1:8080",
+        "synclane demo --speed 0.2     # five times faster",
+        "synclane demo --keep --no-page --for 60",
+    )
     demo.add_argument("--host", default="127.0.0.1", help="where the page listens")
-    demo.add_argument("--port", type=int, default=8080)
+    demo.add_argument("--port", type=int, default=8080, help="the page's port (0: any free one)")
     demo.add_argument("--allow-remote", action="store_true", help="allow a non-loopback host")
     demo.add_argument("--trust-proxy", action="store_true", help="accept forwarding headers")
-    demo.add_argument("--speed", type=float, default=1.0, help="time factor; 0.1 is 10x faster")
-    demo.add_argument("--for", dest="seconds", type=float, help="stop after this many seconds")
+    demo.add_argument(
+        "--speed",
+        type=cli_args.speed,
+        default=1.0,
+        help="time factor: 1 is a pace to follow (about two minutes), 0.1 ten times faster",
+    )
+    demo.add_argument(
+        "--for", dest="seconds", type=cli_args.seconds, help="stop after this many seconds"
+    )
     demo.add_argument("--no-page", action="store_true", help="do not serve the page")
-    demo.add_argument("--keep", action="store_true", help="continue the last run's story")
+    demo.add_argument(
+        "--keep", action="store_true", help="continue the last run's story instead of restarting"
+    )
 
-    command("migrate", cmd_migrate, "create or upgrade the schema")
+    command(
+        "migrate",
+        cmd_migrate,
+        "create or upgrade the schema",
+        "synclane migrate --schema synclane",
+        "synclane --app mysync.app:app migrate",
+    )
 
-    plan = command("plan", cmd_plan, "insert the jobs that should exist")
-    plan.add_argument("--queue")
-    plan.add_argument("--owner")
-    plan.add_argument("--type")
-    plan.add_argument("--horizon-days", type=float, help="widen history for this call")
+    plan = command(
+        "plan",
+        cmd_plan,
+        "insert the jobs that should exist and do not",
+        "synclane --app mysync.app:app plan",
+        "synclane --app mysync.app:app plan --queue shops --owner globex",
+        "synclane --app mysync.app:app plan --horizon-days 730 --work   # a backfill",
+    )
+    cli_args.add_filters(plan)
+    plan.add_argument(
+        "--horizon-days", type=cli_args.days, help="widen history to this many days, this call"
+    )
     plan.add_argument("--work", action="store_true", help="then work until idle (a backfill)")
+    plan.add_argument(
+        "--idle-grace",
+        type=cli_args.grace,
+        metavar="SECONDS",
+        help="with --work: wait this long for retries and throttles due soon (default 30)",
+    )
 
-    work = command("work", cmd_work, "run worker slots")
-    work.add_argument("--queue", action="append", help="a queue to work (repeatable)")
-    work.add_argument("--for", dest="seconds", type=float, help="stop after this many seconds")
-    work.add_argument("--until-idle", action="store_true", help="stop when nothing is left")
+    work = command(
+        "work",
+        cmd_work,
+        "run worker slots until stopped, for a time, or until idle",
+        "synclane --app mysync.app:app work              # until Ctrl-C or SIGTERM",
+        "synclane --app mysync.app:app work --for 540    # a time budget",
+        "synclane --app mysync.app:app work --until-idle --idle-grace 30",
+    )
+    work.add_argument(
+        "--queue", type=name("--queue"), action="append", help="a queue to work (repeatable)"
+    )
+    work.add_argument(
+        "--for", dest="seconds", type=cli_args.seconds, help="stop after this many seconds"
+    )
+    work.add_argument(
+        "--until-idle",
+        action="store_true",
+        help="stop once nothing runs and nothing is due within the grace; exit 3 if jobs are "
+        "left open or waiting for a human",
+    )
+    work.add_argument(
+        "--idle-grace",
+        type=cli_args.grace,
+        metavar="SECONDS",
+        help="with --until-idle: wait this long for retries and throttles due soon (default 30)",
+    )
 
-    jobs = command("jobs", cmd_jobs, "list jobs, newest first")
-    jobs.add_argument("--queue")
-    jobs.add_argument("--owner")
-    jobs.add_argument("--status", choices=STATUSES)
-    jobs.add_argument("--type")
-    jobs.add_argument("--limit", type=int, default=50)
+    jobs = command(
+        "jobs",
+        cmd_jobs,
+        "list jobs, newest first",
+        "synclane --app mysync.app:app jobs --status failed",
+        "synclane --app mysync.app:app jobs --owner globex --limit 200",
+    )
+    cli_args.add_filters(jobs)
+    jobs.add_argument("--status", choices=STATUSES, help="only this status")
+    jobs.add_argument(
+        "--limit",
+        type=cli_args.whole(1, MAX_LIMIT, "200"),
+        default=50,
+        help=f"at most this many (default 50, at most {MAX_LIMIT:,})",
+    )
 
-    progress = command("progress", cmd_progress, "how far each owner's first load is")
-    progress.add_argument("--queue")
-    progress.add_argument("--owner")
+    progress = command(
+        "progress",
+        cmd_progress,
+        "how far each owner's first load is",
+        "synclane --app mysync.app:app progress --queue shops",
+    )
+    cli_args.add_filters(progress)
 
-    failures = command("failures", cmd_failures, "open failures grouped by cause")
-    failures.add_argument("--queue")
-    failures.add_argument("--owner")
-    failures.add_argument("--type")
+    failures = command(
+        "failures",
+        cmd_failures,
+        "open failures grouped by cause, each with a short id that `requeue --cause-id` takes",
+        "synclane --app mysync.app:app failures --queue shops",
+    )
+    cli_args.add_filters(failures)
 
-    requeue = command("requeue", cmd_requeue, "fresh attempts for stopped jobs")
-    requeue.add_argument("--queue", required=True)
-    requeue.add_argument("--owner")
-    requeue.add_argument("--type")
-    requeue.add_argument("--id", type=int, action="append", help="a job id (repeatable)")
-    requeue.add_argument("--cause", help="a cause as `synclane failures` shows it")
-    requeue.add_argument("--include-cancelled", action="store_true")
+    requeue = command(
+        "requeue",
+        cmd_requeue,
+        "fresh attempts for failed, deferred and abandoned jobs; each continues at its cursor",
+        "synclane --app mysync.app:app requeue --cause-id 3f2a9c1b",
+        "synclane --app mysync.app:app requeue --queue shops --owner globex",
+        "synclane --app mysync.app:app requeue --queue shops --id 12 --id 13",
+    )
+    cli_args.add_filters(requeue, queue="the queue (needed when the app has several)")
+    requeue.add_argument(
+        "--id",
+        type=cli_args.whole(1, 2**63 - 1, "12"),
+        action="append",
+        help="a job id (repeatable)",
+    )
+    requeue.add_argument(
+        "--cause-id",
+        type=cli_args.cause_id,
+        metavar="ID",
+        help="only the jobs of this cause: its id in the first column of `synclane failures`",
+    )
+    requeue.add_argument(
+        "--cause",
+        type=name("--cause"),
+        help="only the jobs of this cause, its full text as app.failures() gives it "
+        "(--cause-id is shorter)",
+    )
+    requeue.add_argument("--include-cancelled", action="store_true", help="cancelled jobs too")
 
-    cancel = command("cancel", cmd_cancel, "cancel what has not finished for an owner")
-    cancel.add_argument("--queue", required=True)
-    cancel.add_argument("--owner", required=True)
-    cancel.add_argument("--reason", required=True)
-    cancel.add_argument("--type")
+    cancel = command(
+        "cancel",
+        cmd_cancel,
+        "cancel what has not finished for an owner (an account disconnected)",
+        "synclane --app mysync.app:app cancel --owner globex --reason 'account closed'",
+    )
+    cli_args.add_filters(cancel, queue="the queue (needed when the app has several)")
+    cancel.add_argument(
+        "--reason", type=name("--reason"), required=True, help="kept in the jobs' error"
+    )
 
-    page = command("dashboard", cmd_dashboard, "serve the page for an app")
-    page.add_argument("--host", default="127.0.0.1")
-    page.add_argument("--port", type=int, default=8080)
+    page = command(
+        "dashboard",
+        cmd_dashboard,
+        "serve the page for an app",
+        "synclane --app mysync.app:app dashboard --port 8080",
+    )
+    page.add_argument("--host", default="127.0.0.1", help="where the page listens")
+    page.add_argument("--port", type=int, default=8080, help="the page's port (0: any free one)")
     page.add_argument("--allow-remote", action="store_true", help="allow a non-loopback host")
     page.add_argument("--trust-proxy", action="store_true", help="accept forwarding headers")
 
-    serve = command("serve", cmd_serve, "serve the app's Prefect deployments (synclane[prefect])")
+    serve = command(
+        "serve",
+        cmd_serve,
+        "serve the app's Prefect deployments (synclane[prefect])",
+        "synclane --app mysync.app:app serve --work-budget 540",
+    )
     serve.add_argument(
-        "--work-budget", type=int, default=540, help="seconds each `work` run works (default 540)"
+        "--work-budget",
+        type=cli_args.whole(1, 86_400, "540"),
+        default=540,
+        help="seconds each `work` run works (default 540)",
     )
     return main
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
     try:
-        args.run(args)
-    except (UsageError, *USER_ERRORS) as error:
-        message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        print(f"synclane: error: {message}", file=sys.stderr)
-        return 2
+        args = parser().parse_args(argv)
+    except SystemExit as done:  # --help, or a mistake argparse found (its line is printed)
+        return done.code if isinstance(done.code, int) else EXIT_MISTAKE
+    from synclane.terminal import Terminal
+
+    term = Terminal(-1 if args.quiet else min(args.verbose, 1))
+    term.setup_logging()
+    try:
+        status: int = args.run(args, term)
     except KeyboardInterrupt:
         return 130
-    return 0
+    except Exception as error:
+        mistake = isinstance(error, (UsageError, *USER_ERRORS))
+        if args.traceback:
+            traceback.print_exception(error, file=sys.stderr)
+        else:
+            text = str(error).strip()
+            first = text.splitlines()[0] if text else type(error).__name__
+            if not mistake:
+                first = f"unexpected {type(error).__name__}: {first}"
+            if not mistake or error.__cause__ is not None:  # where it came from may help
+                first += " (--traceback shows where)"
+            print(f"synclane: error: {first}", file=sys.stderr)
+        return EXIT_MISTAKE if mistake else 1
+    finally:
+        term.close_logging()
+    return status
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@ import importlib
 import os
 import sys
 
-from synclane.app import SyncLane
+from synclane.app import DatabaseUnavailable, SyncLane
+from synclane.errors import SchemaError
 from synclane.model import ConfigError
 
 
@@ -29,7 +30,18 @@ def load_app(app_path: str, dsn: str | None = None) -> SyncLane:
         raise ConfigError(
             f"cannot import the app {app_path!r}: {error}; install its package or run from the "
             "folder that holds it"
-        ) from None
+        ) from error
+    except (ConfigError, DatabaseUnavailable, SchemaError):
+        raise  # synclane's own errors already say what to fix
+    except Exception as error:
+        # The module's own code failed: one line with where and what, the traceback kept as
+        # the cause (`synclane --traceback` shows it).
+        text = str(error).strip().splitlines()
+        raise ConfigError(
+            f"the app module {module_name!r} raised {type(error).__name__}"
+            + (f": {text[0]}" if text else "")
+            + " while it was imported"
+        ) from error
     app = getattr(module, attribute, None)
     if not isinstance(app, SyncLane):
         found = "nothing" if app is None else type(app).__name__

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Sequence
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import matplotlib.dates as mdates
@@ -99,9 +100,16 @@ def coverage_timeline(coverage: pd.DataFrame, *, title: str | None = None) -> Pi
     bottom = panels[-1]
     locator = mdates.AutoDateLocator()  # type: ignore[no-untyped-call]
     bottom.xaxis.set_major_locator(locator)
-    formatter = mdates.ConciseDateFormatter(locator)  # type: ignore[no-untyped-call]
+    # Every tick names its month (no bare "15" left of the first month), and the year is in the
+    # axis label rather than in an offset text in the corner.
+    formatter = mdates.ConciseDateFormatter(  # type: ignore[no-untyped-call]
+        locator,
+        formats=["%Y", "%b", "%d %b", "%H:%M", "%H:%M", "%S.%f"],
+        zero_formats=["", "%Y", "%b", "%d %b", "%H:%M", "%H:%M"],
+        show_offset=False,
+    )
     bottom.xaxis.set_major_formatter(formatter)
-    bottom.set_xlabel("window (UTC)")
+    bottom.set_xlabel(f"window (UTC, {_span_label(coverage)})")
     _legend(panels[0], [s for s in STATUSES if s in seen])
     if title:
         figure.suptitle(title)
@@ -157,6 +165,15 @@ def progress_chart(progress: pd.DataFrame, *, title: str | None = None) -> Pictu
     if title:
         figure.suptitle(title)
     return figure
+
+
+def _span_label(coverage: pd.DataFrame) -> str:
+    """The years the windows cover ('2026', '2025–2026'), or the day when they fit in one."""
+    first = coverage["window_start"].min().tz_convert("UTC")
+    last = coverage["window_end"].max().tz_convert("UTC")
+    if last - first <= timedelta(days=1):
+        return f"{first:%Y-%m-%d}"
+    return f"{first.year}" if first.year == last.year else f"{first.year}–{last.year}"
 
 
 def _date_numbers(times: pd.Series) -> Any:

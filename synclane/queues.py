@@ -141,6 +141,9 @@ class Catalog:
     def values(self) -> list[Queue]:
         return list(self._queues.values())
 
+    def items(self) -> list[tuple[str, Queue]]:
+        return list(self._queues.items())
+
     def add(self, name: str, settings: QueueSettings) -> Queue:
         check_name("queue name", name)
         if name in self._queues:

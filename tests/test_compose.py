@@ -1,6 +1,7 @@
 """docker-compose.yml cannot be run here (no Docker engine): check what can be checked without
-one. Every reference resolves, the commands parse with the real CLI, and the DSNs and URLs point
-at services of the file with the credentials the database service sets."""
+one. Every reference resolves, the commands parse with the real CLI, the DSNs and URLs point at
+services of the file with the credentials the database service sets, and nothing is published
+beyond loopback. Also what ships beside the code: the license pyproject names."""
 
 from __future__ import annotations
 
@@ -69,4 +70,23 @@ def test_dsns_and_urls_point_at_services_of_the_file(services: dict[str, Any]) -
         assert dsn.path == "/" + database["POSTGRES_DB"]
     api = urlsplit(services["flows"]["environment"]["PREFECT_API_URL"])
     assert api.hostname == "prefect-server" and api.port == 4200
-    assert "4200:4200" in services["prefect-server"]["ports"]
+
+
+def test_every_published_port_is_on_loopback_and_postgres_is_not_published(
+    services: dict[str, Any],
+) -> None:
+    """A published 5432 clashes with a local PostgreSQL and offers the database (password
+    `synclane`) to the network; Prefect's UI and the page are for this machine only."""
+    assert "ports" not in services["postgres"]
+    assert services["prefect-server"]["ports"] == ["127.0.0.1:4200:4200"]
+    for name, service in services.items():
+        for published in service.get("ports") or []:
+            host, _, _ = str(published).partition(":")
+            assert host == "127.0.0.1", f"{name} publishes {published} beyond loopback"
+
+
+def test_the_license_pyproject_names_ships_with_the_code() -> None:
+    pyproject = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    assert 'license = "MIT"' in pyproject and 'license-files = ["LICENSE"]' in pyproject
+    assert (ROOT / "LICENSE").read_text(encoding="utf-8").startswith("MIT License\n")
+    assert "LICENSE" in (ROOT / "Dockerfile").read_text(encoding="utf-8")

@@ -1,12 +1,15 @@
 """The demo's story, in fast-forward: lanes take turns, newest first, retries continue from their
-cursor, the broken globex slice is deferred then abandoned at cursor 50, and a requeue heals it.
+cursor, the broken globex slice is deferred then abandoned at cursor 50, the shop fixes its
+record, and a requeue loads the slice from cursor 50.
 
 The test plays the story once with a worker in a thread, then checks each promise from the
 database: synclane's jobs table, the handlers' record of every page (`runs`, on the database
-clock) and the shop's access log (`fetches`)."""
+clock) and the shop's access log (`fetches`); and the story's own lines (synclane.demo.story)
+from what the story said."""
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -19,8 +22,9 @@ from psycopg import sql
 from psycopg.rows import dict_row
 from workers import job_row, running_worker, wait_for
 
-from synclane.demo import OWNERS, Demo, build_demo
-from synclane.demo.shop import BROKEN_CURSOR, catalogue, orders_between
+from synclane.demo import FIX_AFTER, OWNERS, Demo, build_demo
+from synclane.demo.shop import BROKEN_CURSOR, SCRIPTED, catalogue, orders_between
+from synclane.demo.story import Story as Teller
 
 SPEED = 0.05  # twenty times faster than `synclane demo`
 ACCOUNTS = [owner.id for owner in OWNERS]
@@ -50,6 +54,7 @@ class Story:
     planned: dict[int, dict[str, Any]] = field(default_factory=dict)  # the first plan, by id
     broken: dict[str, Any] = field(default_factory=dict)  # globex's second-newest history slice
     requeued_at: datetime = NEVER  # set just before the requeue
+    said: list[tuple[datetime, str]] = field(default_factory=list)  # the story's lines
 
     def rows(self, query: str, *params: Any) -> list[dict[str, Any]]:
         """A query whose {jobs} is synclane's table and {runs}, {fetches}, {orders} and
@@ -98,9 +103,11 @@ def test_the_demo_story_plays_out_in_fast_forward(demo: Demo, db: psycopg.Connec
         found = story.rows("SELECT status FROM {jobs} WHERE id = ANY(%s)", list(story.planned))
         return all(r["status"] in ("completed", "abandoned") for r in found)
 
-    with running_worker(app):
+    teller = Teller(demo, say=lambda text: story.said.append((datetime.now(UTC), text)))
+    with running_worker(app, on_event=teller):
         wait_for(settled, 60, "every planned job to complete or be abandoned")
         check_the_broken_slice_is_abandoned_at_cursor_50(story)
+        wait_for(lambda: _said(story, "press Requeue"), 30, "the story to say the shop fixed it")
         story.requeued_at = story.rows("SELECT clock_timestamp() AS now")[0]["now"]
         assert app.requeue("shops", owner="globex") == 1
         wait_for(
@@ -108,6 +115,8 @@ def test_the_demo_story_plays_out_in_fast_forward(demo: Demo, db: psycopg.Connec
             30,
             "the requeued slice to complete",
         )
+        wait_for(lambda: _said(story, "the story is over"), 10, "the story's last line")
+    teller.close()
     seconds = time.monotonic() - began
 
     check_a_lane_never_runs_two_pages_at_once(story)
@@ -117,7 +126,13 @@ def test_the_demo_story_plays_out_in_fast_forward(demo: Demo, db: psycopg.Connec
     check_the_requeued_slice_completes_from_cursor_50(story)
     check_retries_continue_from_their_cursor(story)
     check_the_loaded_rows_are_queryable(story)
+    check_the_scripted_429_and_503_happened(story)
+    check_the_story_says_each_moment_once_and_in_order(story)
     assert seconds < 30, f"the story took {seconds:.1f} s"
+
+
+def _said(story: Story, words: str) -> bool:
+    return any(words in text for _, text in story.said)
 
 
 def check_the_broken_slice_is_abandoned_at_cursor_50(story: Story) -> None:
@@ -191,8 +206,9 @@ def check_the_broken_slice_steps_aside_before_its_last_attempt(story: Story) -> 
 
 
 def check_the_requeued_slice_completes_from_cursor_50(story: Story) -> None:
-    """After the requeue the shop was asked for cursor 50 and on, never for a page before it;
-    the slice loaded every order of its window."""
+    """After the requeue (once the shop had fixed its record) the shop was asked for cursor 50
+    and on, never for a page before it, and answered at once; the slice loaded every order of
+    its window."""
     fetched = story.rows(
         "SELECT cursor, outcome, fetched_at FROM {fetches} WHERE owner = 'globex'"
         " AND resource = 'orders' AND window_start = %s AND window_end = %s ORDER BY id",
@@ -202,6 +218,7 @@ def check_the_requeued_slice_completes_from_cursor_50(story: Story) -> None:
     after = [f for f in fetched if f["fetched_at"] > story.requeued_at]
     assert after and after[0]["cursor"] == str(BROKEN_CURSOR)
     assert all(int(f["cursor"]) >= BROKEN_CURSOR for f in after)
+    assert after[0]["outcome"] == "ok", "the record was fixed before the story said Requeue"
     assert [f["cursor"] for f in fetched if f["outcome"] == "ok"].count("0") == 1
     row = story.job(story.broken["id"])
     assert row["status"] == "completed" and row["error"] is None
@@ -246,6 +263,51 @@ def check_the_loaded_rows_are_queryable(story: Story) -> None:
     assert all(r["orders"] > 0 and r["revenue"] > 0 for r in revenue)
 
 
+def check_the_scripted_429_and_503_happened(story: Story) -> None:
+    """Every run shows a lane told to slow down and a retry from a cursor, whatever the dice
+    say on the day: the scripted answers came the first time those pages were asked for."""
+    for (owner, _, cursor), outcome in SCRIPTED.items():
+        first = story.rows(
+            "SELECT outcome FROM {fetches} WHERE owner = %s AND resource = 'orders'"
+            " AND cursor = %s AND window_end = (SELECT max(window_end) FROM {jobs}"
+            "  WHERE owner = %s AND mode = 'initial') ORDER BY id LIMIT 1",
+            owner,
+            str(cursor),
+            owner,
+        )
+        assert first == [{"outcome": outcome}], (owner, cursor)
+
+
+def check_the_story_says_each_moment_once_and_in_order(story: Story) -> None:
+    """The demo's own lines: the broken page explained at its first failure, the fix announced
+    (with the cause id to requeue) only once the shop had fixed the record, the requeue and the
+    end of the story; each once."""
+    moments = [
+        "is globex's broken slice",
+        "the shop is fixing the broken record",
+        "press Requeue",
+        "was requeued: it continues at its saved cursor 50",
+        "the story is over",
+    ]
+    texts = [text for _, text in story.said]
+    positions = []
+    for moment in moments:
+        found = [n for n, text in enumerate(texts) if moment in text]
+        assert len(found) == 1, (moment, texts)
+        positions.append(found[0])
+    assert positions == sorted(positions), texts
+    requeue_line = texts[positions[2] + 1]  # the command on a line of its own
+    assert re.fullmatch(
+        r"  synclane --app synclane.demo.app:app requeue --cause-id \w{8}", requeue_line
+    )
+    fixed = story.rows("SELECT fixed_at FROM {faults}")[0]["fixed_at"]
+    last_refusal = story.rows("SELECT max(fetched_at) AS t FROM {fetches} WHERE outcome = 'broken'")
+    # the shop took its time to fix the record (less the last answer's own slowness)
+    assert fixed - last_refusal[0]["t"] >= timedelta(seconds=FIX_AFTER * SPEED - 0.1)
+    said_at = next(at for at, text in story.said if "press Requeue" in text)
+    assert said_at >= fixed - timedelta(seconds=0.2)  # the database and this clock may differ
+
+
 def test_a_reset_lets_the_story_play_again(demo: Demo, db: psycopg.Connection[Any]) -> None:
     """The embedded database outlives a demo run; reset() forgets the queue's jobs, the loaded
     rows and the shop's memory (its healed fault too), and the next plan starts the story."""
@@ -258,3 +320,32 @@ def test_a_reset_lets_the_story_play_again(demo: Demo, db: psycopg.Connection[An
     assert story.rows("SELECT count(*) AS n FROM {products}") == [{"n": 0}]
     assert story.rows("SELECT count(*) AS n FROM {faults}") == [{"n": 0}]
     assert demo.app.plan("shops") == {"shops": 24}
+
+
+def test_a_kept_story_offers_the_requeue_its_last_run_left_waiting(
+    demo: Demo, db: psycopg.Connection[Any]
+) -> None:
+    """`synclane demo --keep` after a run that stopped with the broken slice abandoned and the
+    shop's record fixed: the story says at once that Requeue will now load it."""
+    story = Story(demo, db)
+    demo.app.plan("shops")
+    story.rows(
+        "UPDATE {jobs} SET status = 'abandoned', cursor = '50', attempt_count = 6,"
+        " error = 'ShopBrokenPage: globex orders: the page at cursor 50 is broken'"
+        " WHERE owner = 'globex' AND mode = 'initial' AND type = 'orders'"
+        " AND window_end = (SELECT max(window_end) FROM {jobs} WHERE owner = 'globex'"
+        "  AND mode = 'initial' AND type = 'orders') - interval '30 days'"
+    )
+    story.rows(
+        "INSERT INTO {faults} (fault, failures, heals_after, fixed_at)"
+        " VALUES ('globex orders', 6, 6, clock_timestamp() - interval '1 second')"
+    )
+    said: list[str] = []
+    teller = Teller(demo, say=said.append)
+    teller.intro(0, kept=True)
+    wait_for(lambda: any("press Requeue" in text for text in said), 10, "the requeue hint")
+    teller.close()
+    assert said[0] == "continuing the last run's story; 0 new jobs planned"
+    assert not any("is fixing" in text for text in said), "already fixed: no wait announced"
+    assert said[-2] == "the shop has fixed its broken record: press Requeue on the page, or run"
+    assert re.fullmatch(r"  synclane --app \S+ requeue --cause-id [0-9a-f]{8}", said[-1])

@@ -3,6 +3,7 @@ without outputs."""
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -63,4 +64,45 @@ def test_the_notebook_runs_top_to_bottom(
         for output in cell.outputs
         if "image/png" in output.get("data", {})
     ]
-    assert len(images) == 3, "two coverage timelines and the progress chart show as pictures"
+    assert len(images) == 4, "two coverage timelines and two progress charts show as pictures"
+    said = [
+        "".join(output.get("text", "")) + str(output.get("data", {}).get("text/plain", ""))
+        for cell in notebook.cells
+        if cell.cell_type == "code"
+        for output in cell.outputs
+    ]
+    assert not [text for text in said if "Warning" in text], "no warning in any cell's output"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda path: path.name)
+def test_the_notebook_says_how_to_open_and_run_it(path: Path) -> None:
+    """`jupyter execute` alone runs a notebook and keeps nothing to look at: the notebook says
+    how to open it, and how to run it headless with an output to open."""
+    first = nbformat.read(path, as_version=4).cells[0].source
+    assert "jupyter lab notebooks/" in first and "jupyter execute --output=" in first
+
+
+def test_the_timeline_names_the_month_of_every_tick() -> None:
+    """The notebook's first timeline began with a bare "15" (the 15th of a month whose first day
+    is left of the axis) and ended with a stray "2026-Dec" offset: every tick now names its
+    month, and the year is in the axis label."""
+    import pandas as pd
+
+    from synclane import plots
+
+    spans = pd.DataFrame(
+        {
+            "owner": ["acme", "globex"],
+            "type": ["orders", "orders"],
+            "status": ["completed", "abandoned"],
+            "window_start": pd.to_datetime(["2026-08-02", "2026-10-01"], utc=True),
+            "window_end": pd.to_datetime(["2026-11-30", "2026-10-31"], utc=True),
+        }
+    )
+    figure = plots.coverage_timeline(spans)
+    figure.canvas.draw()
+    axes = figure.axes[-1]
+    labels = [tick.get_text() for tick in axes.get_xticklabels() if tick.get_text()]
+    assert labels and all(re.search(r"[A-Z][a-z]{2}", label) for label in labels), labels
+    assert axes.xaxis.get_offset_text().get_text() == ""
+    assert axes.get_xlabel() == "window (UTC, 2026)"

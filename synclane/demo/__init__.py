@@ -23,6 +23,10 @@ from synclane.demo.warehouse import Connections, Warehouse
 QUEUE = "shops"
 MAX_ATTEMPTS = 5
 HORIZON = timedelta(days=120)
+# How long the shop takes to fix its broken record once it has refused the page for the last
+# attempt, in seconds at speed 1: long enough to read "abandoned" on the page before the
+# terminal says Requeue will now load it.
+FIX_AFTER = 15.0
 
 # acme-us and acme-eu share one API key, so they share a lane: never two requests at once.
 OWNERS = (
@@ -66,6 +70,12 @@ class Demo:
             )
 
 
+def data_schema_for(schema: str) -> str:
+    """Where the demo keeps its rows beside synclane's schema: `demo` beside `synclane`,
+    `<schema>_demo` beside another."""
+    return "demo" if schema == "synclane" else f"{schema}_demo"
+
+
 def build_app(
     dsn: str | None = None,
     schema: str = "synclane",
@@ -97,15 +107,17 @@ def build_demo(
         if not 0 <= rate <= 1:
             raise ConfigError(f"{name}={rate!r} must be a share between 0 and 1, e.g. 0.05")
     app = SyncLane(dsn, schema=schema, poll_interval=max(0.5 * speed, 0.05))
+    # Delays a person can follow: retries after 2 s, 4 s, 8 s; the shop's answers take about a
+    # second (synclane.demo.shop.ANSWER_TIME).
     shops = app.queue(
         QUEUE,
         concurrency=4,
         max_attempts=MAX_ATTEMPTS,
-        lease_duration=max(10 * speed, 2.0),  # leases are renewed every third of this
-        retry_base_delay=1 * speed,
-        retry_max_delay=4 * speed,
-        throttle_base_delay=2 * speed,
-        throttle_max_delay=8 * speed,
+        lease_duration=max(20 * speed, 2.0),  # leases are renewed every third of this
+        retry_base_delay=2 * speed,
+        retry_max_delay=8 * speed,
+        throttle_base_delay=4 * speed,
+        throttle_max_delay=16 * speed,
     )
     connections = Connections(app.dsn)
     shop = shop_api.Shop(
@@ -114,8 +126,9 @@ def build_demo(
         speed=speed,
         throttle_rate=throttle_rate,
         unavailable_rate=unavailable_rate,
-        # five regular attempts and the deferred one: the slice is abandoned, then heals
+        # five regular attempts and the deferred one: the slice is abandoned, then fixed
         heals_after=MAX_ATTEMPTS + 1,
+        fix_after=FIX_AFTER * speed,
     )
     warehouse = Warehouse(connections, data_schema, record_runs=record_runs)
     create_tables(app, data_schema)
@@ -173,4 +186,12 @@ def create_tables(app: SyncLane, data_schema: str = "demo") -> None:
         shop_api.create_tables(conn, data_schema)
 
 
-__all__ = ["OWNERS", "QUEUE", "Demo", "build_app", "build_demo", "create_tables"]
+__all__ = [
+    "OWNERS",
+    "QUEUE",
+    "Demo",
+    "build_app",
+    "build_demo",
+    "create_tables",
+    "data_schema_for",
+]

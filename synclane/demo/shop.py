@@ -4,18 +4,21 @@ Its data is deterministic: the orders of an account on a day, and an account's p
 from a random generator seeded with the account (and the day), so every run and every process
 sees the same shop. Its behaviour is that of a real API on a bad day:
 
-- every answer is slow (a sleep, scaled by `speed`);
+- every answer is slow (half a second to a second and a half, scaled by `speed`), so that a
+  person can follow the story on the page;
 - the first time a page is asked for, it may answer "429, slow down" (`ShopThrottled`, with a
-  retry-after) or "503" (`ShopUnavailable`); asked again, it answers. At most
+  retry-after) or "503" (`ShopUnavailable`); asked again, it answers. Two such answers are
+  scripted so that every run shows them (`SCRIPTED`); the others come by chance. At most
   `MAX_RANDOM_FAILURES` pages of one slice fail with a 503, fewer than a job's attempts, so no
   job runs out of attempts by bad luck;
 - one page is broken on purpose: the page at cursor 50 of globex's second-newest 30-day slice
-  of orders raises `ShopBrokenPage` until the shop has refused it `heals_after` times. Then the
-  fault has "healed" (someone at the shop fixed the record) and the page answers.
+  of orders raises `ShopBrokenPage`. Once the shop has refused it `heals_after` times, someone
+  at the shop starts fixing the record, which takes `fix_after` seconds; from then on the page
+  answers (`Shop.fixed_at()` says when).
 
 What the shop remembers lives in two tables of the demo schema, so that several worker processes
 see one shop: `fetches` (every request with its cursor and outcome, the shop's access log) and
-`faults` (how often the broken page was refused).
+`faults` (how often the broken page was refused, and when it is fixed).
 """
 
 from __future__ import annotations
@@ -38,6 +41,16 @@ HISTORY_SLICE = timedelta(days=30)  # the slice of the demo's `orders` type
 BROKEN_OWNER = "globex"
 BROKEN_CURSOR = PAGE_SIZE  # the second page of the broken slice
 MAX_RANDOM_FAILURES = 2  # 503s per slice; below max_attempts, so luck never abandons a job
+# How long an answer takes at speed 1, in seconds: slow enough to follow on the page.
+ANSWER_TIME = (0.5, 1.5)
+# Answers every run gives the first time the page is asked for, so that the story always shows
+# a lane told to slow down and a retry from the cursor: (owner, history slice, cursor), the
+# slice counted back from today (0 is the newest), and the answer.
+SCRIPTED = {
+    ("acme-eu", 0, 0): "throttled",
+    ("acme-us", 0, PAGE_SIZE): "unavailable",
+}
+SCRIPTED_RETRY_AFTER = 3.0  # seconds at speed 1
 
 
 @dataclass(frozen=True)
@@ -159,13 +172,23 @@ def catalogue(owner: str) -> tuple[Product, ...]:
     )
 
 
-def is_broken_slice(owner: str, start: datetime, end: datetime, now: datetime) -> bool:
-    """globex's second-newest history slice: 30 days ending 30 days before today's midnight
-    (or 31, so that a story running across midnight keeps its broken slice)."""
-    if owner != BROKEN_OWNER or end - start != HISTORY_SLICE:
-        return False
+def history_slice(start: datetime, end: datetime, now: datetime) -> int | None:
+    """Which history slice a window is, counted back from today (0: the 30 days ending at
+    today's midnight), or None for a refresh or a manual window. A slice planned before midnight
+    counts as the same slice after it, so that a story running across midnight keeps its parts."""
+    if end - start != HISTORY_SLICE:
+        return None
     today = datetime(now.year, now.month, now.day, tzinfo=UTC)
-    return end in (today - HISTORY_SLICE, today - HISTORY_SLICE - timedelta(days=1))
+    for ended in (today, today - timedelta(days=1)):
+        back, rest = divmod(ended - end, HISTORY_SLICE)
+        if rest == timedelta(0) and back >= 0:
+            return back
+    return None
+
+
+def is_broken_slice(owner: str, start: datetime, end: datetime, now: datetime) -> bool:
+    """globex's second-newest history slice: 30 days ending 30 days before today's midnight."""
+    return owner == BROKEN_OWNER and history_slice(start, end, now) == 1
 
 
 Connect = Callable[[], AbstractContextManager[psycopg.Connection[Any]]]
@@ -184,14 +207,18 @@ class Shop:
         throttle_rate: float = 0.05,
         unavailable_rate: float = 0.05,
         heals_after: int = 6,
+        fix_after: float = 0.0,
     ) -> None:
         if heals_after < 1:
             raise ValueError(f"heals_after={heals_after!r} must be >= 1")
+        if fix_after < 0:
+            raise ValueError(f"fix_after={fix_after!r} must be >= 0 seconds")
         self.connect = connect
         self.speed = speed
         self.throttle_rate = throttle_rate
         self.unavailable_rate = unavailable_rate
         self.heals_after = heals_after
+        self.fix_after = fix_after
         fetches = sql.Identifier(data_schema, "fetches")
         faults = sql.Identifier(data_schema, "faults")
         # what the shop already answered for one slice: this page's requests, the slice's 503s
@@ -208,13 +235,20 @@ class Shop:
             " VALUES (%(owner)s, %(resource)s, %(start)s, %(end)s, %(cursor)s, %(outcome)s,"
             " %(rows)s)"
         ).format(fetches)
-        # one more refusal of the broken page, until it was refused heals_after times; no row
-        # back means the fault has healed (atomic, so several processes count one fault)
+        # one more refusal of the broken page while it is not fixed; the heals_after-th refusal
+        # sets when the fix is done. No row back means the page is fixed (atomic, so several
+        # processes count one fault)
         self._refuse = sql.SQL(
-            "INSERT INTO {} AS f (fault, failures, heals_after) VALUES (%(fault)s, 1, %(heals)s)"
-            " ON CONFLICT (fault) DO UPDATE SET failures = f.failures + 1"
-            " WHERE f.failures < f.heals_after RETURNING failures"
+            "INSERT INTO {} AS f (fault, failures, heals_after, fixed_at)"
+            " VALUES (%(fault)s, 1, %(heals)s, CASE WHEN %(heals)s <= 1"
+            "  THEN clock_timestamp() + make_interval(secs => %(fix)s) END)"
+            " ON CONFLICT (fault) DO UPDATE SET failures = f.failures + 1,"
+            "  fixed_at = coalesce(f.fixed_at, CASE WHEN f.failures + 1 >= f.heals_after"
+            "   THEN clock_timestamp() + make_interval(secs => %(fix)s) END)"
+            " WHERE f.fixed_at IS NULL OR f.fixed_at > clock_timestamp() RETURNING failures"
         ).format(faults)
+        # when the broken page is (or will be) fixed; no row or NULL: not yet known
+        self._fixed_at = sql.SQL("SELECT max(fixed_at) FROM {}").format(faults)
 
     def orders(
         self, owner: str, start: datetime, end: datetime, cursor: str | None
@@ -228,7 +262,11 @@ class Shop:
             if broken and offset == BROKEN_CURSOR:
                 row = conn.execute(
                     self._refuse,
-                    {"fault": f"{key} cursor {offset}", "heals": self.heals_after},
+                    {
+                        "fault": f"{key} cursor {offset}",
+                        "heals": self.heals_after,
+                        "fix": self.fix_after,
+                    },
                 ).fetchone()
                 if row is not None:
                     self._slow(owner, "orders", start, end, offset)
@@ -242,6 +280,13 @@ class Shop:
             return self._answer(
                 conn, owner, "orders", start, end, offset, shaky, orders_between(owner, start, end)
             )
+
+    def fixed_at(self) -> datetime | None:
+        """When the shop has fixed (or will have fixed) its broken record, on the database
+        clock; None while it has not started fixing it."""
+        with self.connect() as conn:
+            row = conn.execute(self._fixed_at).fetchone()
+        return None if row is None else row[0]
 
     def products(self, owner: str, cursor: str | None) -> ShopPage[Product]:
         """GET /products?offset=cursor"""
@@ -262,12 +307,25 @@ class Shop:
         rows: Sequence[RowT],
     ) -> ShopPage[RowT]:
         draw = self._slow(owner, resource, start, end, offset)
-        if shaky and draw < self.throttle_rate + self.unavailable_rate:
+        scripted = None
+        if resource == "orders" and start is not None and end is not None:
+            number = history_slice(start, end, datetime.now(UTC))
+            scripted = SCRIPTED.get((owner, -1 if number is None else number, offset))
+        if scripted == "throttled":
+            draw = 0.0
+        elif scripted == "unavailable":
+            draw = self.throttle_rate
+        if shaky and (scripted or draw < self.throttle_rate + self.unavailable_rate):
             params = {"owner": owner, "resource": resource, "start": start, "end": end}
             row = conn.execute(self._seen, {**params, "cursor": str(offset)}).fetchone()
             asked, unavailable = row if row is not None else (0, 0)
-            if asked == 0 and draw < self.throttle_rate:
-                retry_after = round((1.0 + 2 * draw / self.throttle_rate) * self.speed, 3)
+            if asked == 0 and (scripted == "throttled" or draw < self.throttle_rate):
+                seconds = (
+                    SCRIPTED_RETRY_AFTER
+                    if scripted
+                    else 2.0 + 4 * draw / self.throttle_rate  # 2 to 6 s
+                )
+                retry_after = round(seconds * self.speed, 3)
                 self._record(conn, owner, resource, start, end, offset, "throttled")
                 raise ShopThrottled(
                     retry_after, f"429 Too Many Requests for {owner}: retry after {retry_after} s"
@@ -288,7 +346,7 @@ class Shop:
         window = f"{start.isoformat()}..{end.isoformat()}" if start and end else "-"
         rng = random.Random(f"{owner}|{resource}|{window}|{offset}")
         draw = rng.random()
-        time.sleep(rng.uniform(0.2, 0.8) * self.speed)
+        time.sleep(rng.uniform(*ANSWER_TIME) * self.speed)
         return draw
 
     def _record(
@@ -345,6 +403,13 @@ def create_tables(conn: psycopg.Connection[Any], data_schema: str) -> None:
     conn.execute(
         sql.SQL(
             "CREATE TABLE IF NOT EXISTS {}.faults ("
-            " fault text PRIMARY KEY, failures integer NOT NULL, heals_after integer NOT NULL)"
+            " fault text PRIMARY KEY, failures integer NOT NULL, heals_after integer NOT NULL,"
+            " fixed_at timestamptz)"
         ).format(schema)
+    )
+    # a data folder from a release before the shop took time to fix its record
+    conn.execute(
+        sql.SQL("ALTER TABLE {}.faults ADD COLUMN IF NOT EXISTS fixed_at timestamptz").format(
+            schema
+        )
     )

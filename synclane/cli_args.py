@@ -1,0 +1,229 @@
+"""What the command line accepts: option values checked as argparse reads them (a mistake
+names its option: "argument --for: ..."), and names checked against the app and its table.
+
+Part of `synclane.cli`; kept apart so that the commands read as commands.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import re
+from collections.abc import Callable, Sequence
+
+from synclane import loading
+from synclane.app import OwnerSourceError, SyncLane
+from synclane.model import MAX_DURATION, ConfigError, check_name
+
+
+class UsageError(Exception):
+    """A mistake on the command line; printed as one line."""
+
+
+EPILOG = """\
+The DSN comes from --dsn or $SYNCLANE_DSN (with neither: the embedded PostgreSQL), the app from
+--app or $SYNCLANE_APP. `synclane COMMAND --help` shows a command's options and examples.
+
+exit status: 0 done; 2 a mistake (one line says which option or name); 3 `work --until-idle` or
+`plan --work` left jobs open or waiting for a human (the last lines say which and why);
+1 an unexpected error (--traceback shows where); 130 interrupted.
+"""
+
+
+def add_common(parser: argparse.ArgumentParser, default: object, *, title: str = "") -> None:
+    """Options every command takes, before or after its name (listed under `title`)."""
+    group = parser.add_argument_group(title) if title else parser
+    group.add_argument(
+        "--dsn", default=default, help="PostgreSQL DSN (default: $SYNCLANE_DSN, else embedded)"
+    )
+    group.add_argument(
+        "--app", default=default, help="the app, package.module:attribute ($SYNCLANE_APP)"
+    )
+    group.add_argument(
+        "--schema",
+        default=default,
+        help="the table's schema ($SYNCLANE_SCHEMA) for `demo`, `migrate` without an app, and "
+        "apps that read it (the demo's does); an app with another schema is refused",
+    )
+    group.add_argument(
+        "-v", "--verbose", action="count", default=default, help="details too (DEBUG)"
+    )
+    group.add_argument(
+        "-q", "--quiet", action="store_true", default=default, help="only problems (WARNING)"
+    )
+    group.add_argument(
+        "--traceback", action="store_true", default=default, help="show where an error came from"
+    )
+
+
+def add_filters(parser: argparse.ArgumentParser, *, queue: str = "only this queue") -> None:
+    """--queue, --owner and --type, which narrow what a command reads or changes."""
+    parser.add_argument("--queue", type=name("--queue"), help=queue)
+    parser.add_argument("--owner", type=name("--owner"), help="only this owner")
+    parser.add_argument("--type", type=name("--type"), help="only this type")
+
+
+# -- values of options: argparse puts "argument --x: " before each message ---------------------
+
+
+def seconds(text: str, *, zero: bool = False, example: str = "30") -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    low_ok = value >= 0 if zero else value > 0
+    if not (math.isfinite(value) and low_ok and value <= MAX_DURATION.total_seconds()):
+        bound = ">= 0" if zero else "> 0"
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a number of seconds {bound} and at most 100 years, e.g. {example}"
+        )
+    return value
+
+
+def grace(text: str) -> float:
+    return seconds(text, zero=True, example="60 (0 stops as soon as nothing is due)")
+
+
+def speed(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and 0 < value <= 100):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a time factor > 0 and at most 100: 1 is the demo's own pace, 0.1 "
+            "ten times faster"
+        )
+    return value
+
+
+def days(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and 0 < value <= MAX_DURATION.days):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a number of days > 0 and at most {MAX_DURATION.days} "
+            "(100 years), e.g. 730"
+        )
+    return value
+
+
+def whole(low: int, high: int, example: str) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = low - 1
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not a whole number from {low} to {high:,}, e.g. {example}"
+            )
+        return value
+
+    return parse
+
+
+def cause_id(text: str) -> str:
+    if not re.fullmatch(r"[0-9a-f]{8}", text.strip().lower()):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a cause id: the 8 hex digits `synclane failures` shows in its "
+            "first column, e.g. 3f2a9c1b"
+        )
+    return text.strip().lower()
+
+
+def name(what: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        try:
+            return check_name(what, text)
+        except ConfigError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+
+    return parse
+
+
+# -- the app, and the names it knows --------------------------------------------------------
+
+
+def load_app(args: argparse.Namespace) -> SyncLane:
+    """The app named by --app or $SYNCLANE_APP. --dsn and --schema reach apps that read
+    $SYNCLANE_DSN and $SYNCLANE_SCHEMA (SyncLane(None, ...) does the first, the demo's app both);
+    an app whose schema is not the --schema given is refused."""
+    path = args.app or os.environ.get("SYNCLANE_APP")
+    if not path:
+        raise UsageError(
+            "no app: pass --app package.module:app or set SYNCLANE_APP "
+            "(the demo's is synclane.demo.app:app)"
+        )
+    if args.schema:
+        os.environ["SYNCLANE_SCHEMA"] = args.schema
+    app = loading.load_app(path, args.dsn or None)
+    if args.schema and app.schema != args.schema:
+        raise UsageError(
+            f"argument --schema: the app {path} keeps its table in schema {app.schema!r}, not "
+            f"{args.schema!r}; drop --schema (an app names its own schema) or build the app with "
+            "schema=os.environ['SYNCLANE_SCHEMA']"
+        )
+    return app
+
+
+def queues(app: SyncLane, queue: str | None, *, one: bool = False) -> list[str]:
+    """The queues a command works on: --queue, else every queue (or the only one, where a
+    command needs one)."""
+    if queue is not None and queue not in app.queues:
+        known = ", ".join(app.queues) or "none"
+        raise UsageError(f"argument --queue: the app has no queue {queue!r} (it has: {known})")
+    if queue is not None:
+        return [queue]
+    if one and len(app.queues) != 1:
+        raise UsageError(f"argument --queue is needed: the app has {len(app.queues)} queues")
+    return list(app.queues)
+
+
+def check_type(app: SyncLane, queues: Sequence[str], job_type: str | None) -> None:
+    if job_type is None or any(job_type in app.queues[q].types for q in queues):
+        return
+    known = sorted({t for q in queues for t in app.queues[q].types})
+    where = queues[0] if len(queues) == 1 else ", ".join(queues)
+    raise UsageError(
+        f"argument --type: queue {where} has no type {job_type!r} (it has: "
+        f"{', '.join(known) or 'none'})"
+    )
+
+
+def check_owner(app: SyncLane, queues: Sequence[str], owner: str | None) -> None:
+    """An owner is known when a queue has a job of it or its owner source lists it. Asked only
+    when a command found nothing, to tell a typo from an owner with nothing to show."""
+    if owner is None:
+        return
+    for queue in queues:
+        if not app.jobs(queue, owner=owner, limit=1).empty:
+            return
+        if app.queues[queue].owner_source is not None:
+            try:
+                if any(o.id == owner for o in app.connected_owners(queue)):
+                    return
+            except OwnerSourceError:
+                pass
+    raise UsageError(
+        f"argument --owner: no job of {owner!r} in queue {', '.join(queues)}, and the owner "
+        "source does not list it"
+    )
+
+
+def check_connected(app: SyncLane, queue: str, owner: str) -> None:
+    """Planning one owner plans an owner the queue's owner source lists now."""
+    if not any(o.id == owner for o in app.connected_owners(queue)):
+        raise UsageError(
+            f"argument --owner: the owner source of queue {queue} does not list {owner!r}, so "
+            "there is nothing to plan for it"
+        )
+
+
+def filters(**named: str | None) -> str:
+    """' (owner acme-us, type orders)' for the filters given, '' for none."""
+    given = [f"{name} {value}" for name, value in named.items() if value]
+    return f" ({', '.join(given)})" if given else ""
