@@ -9,12 +9,9 @@ Install with `pip install "synclane[dagster]"`. Importing this package imports D
     defs = definitions(app)      # `dagster dev -f this_file.py`
 """
 
-from synclane.dagster.definitions import (
-    BackfillConfig,
-    RequeueConfig,
-    WorkConfig,
-    definitions,
-)
+from synclane.dagster.adhoc import BackfillConfig, RequeueConfig
+from synclane.dagster.definitions import definitions
 from synclane.dagster.resource import SyncLaneResource
+from synclane.dagster.work import WorkConfig
 
 __all__ = ["BackfillConfig", "RequeueConfig", "SyncLaneResource", "WorkConfig", "definitions"]

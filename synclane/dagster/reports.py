@@ -161,4 +161,6 @@ def _text(value: object) -> str:
         return "–"
     if isinstance(value, pd.Timestamp):
         return value.strftime("%Y-%m-%d %H:%M UTC")
+    if isinstance(value, pd.Timedelta):
+        return str(value.to_pytimedelta())  # "0:12:30", "2 days, 1:00:00"
     return str(value)
