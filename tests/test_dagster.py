@@ -335,6 +335,17 @@ def test_the_abandoned_jobs_check_fails_until_the_jobs_are_requeued(
     assert healed["shops"].passed and not healed["fragile"].passed
 
 
+def test_materializing_one_queue_asset_plans_only_that_queue(
+    loaded: ModuleType, defs: Definitions, instance: DagsterInstance
+) -> None:
+    slow = AssetKey(["synclane", "slow"])
+    result = defs.resolve_job_def(PLAN).execute_in_process(
+        instance=instance, asset_selection=[slow]
+    )
+    assert set(materialized(result)) == {"slow"} and set(checks(result)) == {"slow"}
+    assert set(loaded.app.jobs()["queue"]) == {"slow"}
+
+
 def test_a_queue_whose_owner_source_fails_is_not_materialized_and_fails_the_run(
     loaded: ModuleType,
     defs: Definitions,
@@ -375,6 +386,20 @@ def test_a_work_run_reports_what_it_did_and_logs_what_failed_for_good(
     assert all("synclane_requeue" in e for e in errors)
     assert lines[0][1].startswith("working queues shops, fragile for up to 60 s as ")
     assert lines[-1][1].startswith("worker report: ")
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ({"budget_seconds": 0}, "budget_seconds=0.0 must be a number of seconds > 0"),
+        ({"queues": ["nope"]}, "unknown queue 'nope'"),
+    ],
+)
+def test_a_wrong_work_run_fails_with_the_setting_named(
+    defs: Definitions, instance: DagsterInstance, config: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        run(defs, WORK, instance, config)
 
 
 def test_an_interrupted_work_run_hands_its_job_back_with_its_cursor(

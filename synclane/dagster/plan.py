@@ -6,6 +6,7 @@ history is loaded as metadata, and the `no_abandoned_jobs` check."""
 from collections.abc import Iterator
 
 from dagster import (
+    AssetCheckKey,
     AssetCheckResult,
     AssetCheckSpec,
     AssetExecutionContext,
@@ -24,6 +25,8 @@ Recorded = MaterializeResult[None] | AssetCheckResult
 
 
 def plan_assets(app: SyncLane, names: Names) -> AssetsDefinition:
+    """One asset per queue (`<name>/<queue>`) and its check, materialized by one op that plans
+    the selected queues: from the UI, materializing one queue's asset plans that queue."""
     keys = {queue: names.asset_key(queue) for queue in app.queues}
     specs = [
         AssetSpec(
@@ -65,13 +68,15 @@ def plan_assets(app: SyncLane, names: Names) -> AssetsDefinition:
         for queue, key in keys.items():
             if key not in context.selected_asset_keys:
                 continue
+            checked = AssetCheckKey(key, NO_ABANDONED_JOBS) in context.selected_asset_check_keys
             try:
                 added = synclane.plan(queue)[queue]
             except OwnerSourceError as error:
                 # The queue was not planned: no materialization, but the check still tells.
                 context.log.error(str(error))
                 broken.append(str(error))
-                yield QueueReport.read(synclane, queue).abandoned_check(key, names.requeue)
+                if checked:
+                    yield QueueReport.read(synclane, queue).abandoned_check(key, names.requeue)
                 continue
             report = QueueReport.read(synclane, queue)
             context.log.info(
@@ -85,7 +90,7 @@ def plan_assets(app: SyncLane, names: Names) -> AssetsDefinition:
             yield MaterializeResult(
                 asset_key=key,
                 metadata=report.metadata(added),
-                check_results=[report.abandoned_check(key, names.requeue)],
+                check_results=[report.abandoned_check(key, names.requeue)] if checked else [],
             )
         if broken:
             raise OwnerSourceError("; ".join(broken))

@@ -27,8 +27,9 @@ from pydantic import Field
 
 from synclane.app import SyncLane
 from synclane.dagster.names import Names
-from synclane.events import FAILED_FOR_GOOD, Event
+from synclane.events import Event
 from synclane.hosting import run_until_stopped
+from synclane.model import ConfigError
 from synclane.worker import Worker
 
 # Runs of the work job that still hold (or may soon hold) a worker.
@@ -61,6 +62,8 @@ class WorkConfig(Config):
 
 
 def work_job(app: SyncLane, names: Names, budget: timedelta) -> JobDefinition:
+    """The work job: one op that runs a worker for `budget` (or the run config's budget)."""
+
     @op(
         name=names.work_op,
         required_resource_keys={names.resource},
@@ -72,6 +75,11 @@ def work_job(app: SyncLane, names: Names, budget: timedelta) -> JobDefinition:
     def work(context: OpExecutionContext, config: WorkConfig) -> Output[None]:
         synclane = names.app(context, app)
         seconds = budget.total_seconds() if config.budget_seconds is None else config.budget_seconds
+        if not seconds > 0:
+            raise ConfigError(
+                f"budget_seconds={seconds!r} must be a number of seconds > 0, e.g. 540: how long "
+                "the run works before it hands its jobs back"
+            )
         events: queues_module.SimpleQueue[Event] = queues_module.SimpleQueue()
         worker = Worker(
             synclane,
@@ -118,10 +126,10 @@ def work_job(app: SyncLane, names: Names, budget: timedelta) -> JobDefinition:
             "their cursors and ends; a terminated run hands them back too."
         ),
     )
-    def work_job() -> None:
+    def bounded_work() -> None:
         work()
 
-    return work_job
+    return bounded_work
 
 
 def log_event(context: OpExecutionContext, event: Event, names: Names) -> None:
@@ -138,7 +146,7 @@ def log_event(context: OpExecutionContext, event: Event, names: Names) -> None:
             event.queue,
             event.owner,
         )
-    elif event.kind in FAILED_FOR_GOOD:
+    elif event.kind == "deferred":
         context.log.warning(
             "%s deferred: its regular attempts are used up (%s); it gets one more attempt when "
             "its lane is idle",
@@ -152,13 +160,14 @@ def log_event(context: OpExecutionContext, event: Event, names: Names) -> None:
 
 
 def work_schedule(
-    work_job: JobDefinition, names: Names, cron: str, budget: timedelta, runs: int
+    work: JobDefinition, names: Names, cron: str, budget: timedelta, runs: int
 ) -> ScheduleDefinition:
+    """Every tick, start work runs until `runs` of them are going."""
     run_config = {"ops": {names.work_op: {"config": {"budget_seconds": budget.total_seconds()}}}}
 
     @schedule(
         name=f"{names.work}_schedule",
-        job=work_job,
+        job=work,
         cron_schedule=cron,
         execution_timezone="UTC",
         default_status=DefaultScheduleStatus.RUNNING,
@@ -167,9 +176,9 @@ def work_schedule(
             "what is missing, so a run that overran is never joined by a copy."
         ),
     )
-    def work_schedule(context: ScheduleEvaluationContext) -> list[RunRequest] | SkipReason:
+    def keep_work_going(context: ScheduleEvaluationContext) -> list[RunRequest] | SkipReason:
         going = context.instance.get_runs_count(
-            RunsFilter(job_name=work_job.name, statuses=IN_PROGRESS)
+            RunsFilter(job_name=work.name, statuses=IN_PROGRESS)
         )
         if going >= runs:
             return SkipReason(f"{going} work run(s) still going (at most {runs} at once)")
@@ -179,4 +188,4 @@ def work_schedule(
             for number in range(runs - going)
         ]
 
-    return work_schedule
+    return keep_work_going
