@@ -13,6 +13,7 @@ import importlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -445,6 +446,7 @@ def test_a_terminated_work_run_hands_its_job_back_with_its_cursor(
     dev` and the UI launch runs) in a process of its own; the test terminates it through the
     Dagster instance, which asks the code server to interrupt the run's process."""
     home = Path(tempfile.mkdtemp(prefix="dg-"))  # short: a Unix socket path has a limit
+    # The default run coordinator queues runs for the daemon; this one launches them at once.
     (home / "dagster.yaml").write_text(
         "run_coordinator:\n"
         "  module: dagster._core.run_coordinator\n"
@@ -464,15 +466,18 @@ def test_a_terminated_work_run_hands_its_job_back_with_its_cursor(
     monkeypatch.setenv("DAGSTER_HOME", str(home))
     loaded.app.plan("slow")
     dagster = [sys.executable, "-m", "dagster"]
+    # The server's output, and that of the run processes it starts, goes to a file: a pipe
+    # nobody reads would fill up and stall them.
+    output = (home / "server.log").open("wb")
     server = subprocess.Popen(
         [*dagster, "api", "grpc", "-m", "dagster_app", "--socket", str(socket)],
-        env=env, cwd=home, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        env=env, cwd=home, stdout=output, stderr=subprocess.STDOUT,
     )  # fmt: skip
     run_id = str(uuid.uuid4())
     instance = DagsterInstance.get()
     try:
         wait_for(lambda: socket.exists() or server.poll() is not None, 60, "the code server")
-        assert server.poll() is None, server.stderr.read() if server.stderr else ""
+        assert server.poll() is None, (home / "server.log").read_text()[-3000:]
         config = {
             "ops": {"synclane_run_worker": {"config": {"queues": ["slow"], "budget_seconds": 90}}}
         }
@@ -516,7 +521,9 @@ def test_a_terminated_work_run_hands_its_job_back_with_its_cursor(
             instance.run_launcher.terminate(run_id)
         server.terminate()
         server.wait(30)
+        output.close()
         instance.dispose()
+        shutil.rmtree(home, ignore_errors=True)
 
 
 # -- backfill ------------------------------------------------------------------------------
