@@ -67,14 +67,14 @@ def run_until_stopped(
     except BaseException as interruption:
         log.warning(
             "worker %s interrupted (%s): handing its jobs back",
-            worker.app.worker_name,
+            worker.name,
             type(interruption).__name__,
         )
         worker.stop()
         if not _wait_within(finished, stop_timeout, poll_seconds):
             log.error(
                 "worker %s did not hand its jobs back within %.0f s; their leases will expire",
-                worker.app.worker_name,
+                worker.name,
                 stop_timeout,
             )
         _tell_despite_interruptions(tell)

@@ -30,7 +30,6 @@ from synclane.dagster.names import Names
 from synclane.events import Event
 from synclane.hosting import run_until_stopped
 from synclane.model import ConfigError
-from synclane.worker import Worker
 
 # Runs of the work job that still hold (or may soon hold) a worker.
 IN_PROGRESS = [
@@ -81,8 +80,7 @@ def work_job(app: SyncLane, names: Names, budget: timedelta) -> JobDefinition:
                 "the run works before it hands its jobs back"
             )
         events: queues_module.SimpleQueue[Event] = queues_module.SimpleQueue()
-        worker = Worker(
-            synclane,
+        worker = synclane.worker(
             config.queues,
             stop_after=seconds,
             until_idle=config.until_idle,
