@@ -84,6 +84,8 @@ def connected_owners(queue: Queue, timeout: float) -> list[Owner]:
 def _iterable(result: Any) -> Iterable[Any]:
     if hasattr(result, "__await__"):
         result = asyncio.run(_awaited(result))
+    if hasattr(result, "__aiter__"):  # an async generator: read on a loop of its own, lazily
+        return _drained(result)
     if isinstance(result, str | bytes) or not isinstance(result, Iterable):
         raise _NotOwners(
             f"returned {type(result).__name__} {result!r:.100}; return a list of Owner(...) "
@@ -94,6 +96,20 @@ def _iterable(result: Any) -> Iterable[Any]:
 
 async def _awaited(awaitable: Any) -> Any:
     return await awaitable
+
+
+def _drained(items: Any) -> Iterator[Any]:
+    """An async iterable, item by item, from a loop this thread runs."""
+    loop = asyncio.new_event_loop()
+    iterator = items.__aiter__()
+    try:
+        while True:
+            try:
+                yield loop.run_until_complete(iterator.__anext__())
+            except StopAsyncIteration:
+                return
+    finally:
+        loop.close()
 
 
 class _NotOwners(TypeError):

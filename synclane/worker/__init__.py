@@ -246,7 +246,7 @@ class Worker:
         for listener in self.listeners:
             try:
                 listener(event)
-            except Exception as error:
+            except BaseException as error:  # SystemExit from a listener is its bug, not a stop
                 if id(listener) not in self._broken_listeners:
                     self._broken_listeners.add(id(listener))
                     log.error("event listener %r raised %s", listener, error_text(error))

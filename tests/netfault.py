@@ -1,0 +1,125 @@
+"""A fault of the network, not a mock of synclane: a TCP proxy in front of PostgreSQL that can
+let a statement commit and then lose its answer.
+
+Armed with a marker, the proxy passes on the next client message that contains it, holds back
+everything the server sends in reply until the server says it is ready for the next query (by
+then an autocommit statement has committed), and then cuts the client's connection without
+passing the answer on. The client sees a broken connection and cannot know whether the statement
+went through. Connections use sslmode=disable so that the stream is plain protocol messages.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from urllib.parse import urlsplit, urlunsplit
+
+
+class AnswerDropper:
+    def __init__(self, dsn: str) -> None:
+        parts = urlsplit(dsn)
+        self._target = (parts.hostname or "127.0.0.1", parts.port or 5432)
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        port = self._listener.getsockname()[1]
+        netloc = parts.netloc.rsplit("@", 1)
+        userinfo = netloc[0] + "@" if len(netloc) == 2 else ""
+        query = (parts.query + "&" if parts.query else "") + "sslmode=disable"
+        self.dsn = urlunsplit(parts._replace(netloc=f"{userinfo}127.0.0.1:{port}", query=query))
+        self._lock = threading.Lock()
+        self._marker: bytes | None = None
+        self.dropped = 0
+        self._closed = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def drop_answer_to(self, marker: str) -> None:
+        """The next client message containing `marker` runs; its answer never arrives."""
+        with self._lock:
+            self._marker = marker.encode()
+
+    @property
+    def armed(self) -> bool:
+        with self._lock:
+            return self._marker is not None
+
+    def close(self) -> None:
+        self._closed = True
+        self._listener.close()
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self._target)
+            doomed = threading.Event()
+            threading.Thread(
+                target=self._upstream, args=(client, server, doomed), daemon=True
+            ).start()
+            threading.Thread(
+                target=self._downstream, args=(server, client, doomed), daemon=True
+            ).start()
+
+    def _upstream(
+        self, client: socket.socket, server: socket.socket, doomed: threading.Event
+    ) -> None:
+        try:
+            while data := client.recv(65536):
+                with self._lock:
+                    if self._marker is not None and self._marker in data:
+                        self._marker = None
+                        doomed.set()
+                server.sendall(data)
+        except OSError:
+            pass
+        finally:
+            _close(server)
+
+    def _downstream(
+        self, server: socket.socket, client: socket.socket, doomed: threading.Event
+    ) -> None:
+        buffer = b""
+        try:
+            while data := server.recv(65536):
+                if not doomed.is_set():
+                    client.sendall(data)
+                    continue
+                # Hold the answer back until ReadyForQuery ('Z'): the statement has committed.
+                buffer += data
+                if _has_ready_for_query(buffer):
+                    self.dropped += 1
+                    break
+        except OSError:
+            pass
+        finally:
+            _close(client)
+            _close(server)
+
+
+def _has_ready_for_query(stream: bytes) -> bool:
+    offset = 0
+    while offset + 5 <= len(stream):
+        kind = stream[offset : offset + 1]
+        (length,) = struct.unpack("!I", stream[offset + 1 : offset + 5])
+        if kind == b"Z":
+            return True
+        offset += 1 + length
+    return False
+
+
+def _close(sock: socket.socket) -> None:
+    with suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+    sock.close()
+
+
+@contextmanager
+def answer_dropper(dsn: str) -> Iterator[AnswerDropper]:
+    proxy = AnswerDropper(dsn)
+    try:
+        yield proxy
+    finally:
+        proxy.close()

@@ -1,0 +1,412 @@
+"""Promises kept against an adversary (issue 12): handlers that misbehave in ordinary ways, answers
+lost after the commit, lanes that move under a running page, values at the edges of what
+PostgreSQL and Python can hold. Each test failed on 2de033d."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta, timezone
+from typing import Any
+
+import psycopg
+import pytest
+from netfault import answer_dropper
+from workers import job_row, running_worker, wait_for
+
+from synclane import ConfigError, Job, Owner, Page, SyncLane, Throttled
+
+DAY = timedelta(days=1)
+BASE = datetime(2026, 1, 1, tzinfo=UTC)
+WEST = timezone(timedelta(hours=-5))
+
+
+def window(days_ago: int) -> dict[str, datetime]:
+    return {"window_start": BASE - days_ago * DAY, "window_end": BASE - (days_ago - 1) * DAY}
+
+
+# -- handlers that misbehave ---------------------------------------------------------------
+
+
+def test_a_plain_handler_raising_stop_iteration_fails_its_job(
+    app: SyncLane, db: psycopg.Connection[Any], schema: str
+) -> None:
+    queue = app.queue("q", retry_base_delay=3600, retry_max_delay=3600)
+
+    @queue.snapshot("products", every=DAY)
+    def products(job: Job) -> Page:
+        next(iter([]))  # an empty API answer
+        return Page(None)
+
+    job_id = app.enqueue("q", "acme", "products")
+    report = app.run_worker(until_idle=True, stop_after=15)
+    row = job_row(db, schema, job_id)
+    assert (row["status"], row["error"]) == ("failed", "StopIteration"), report
+    assert report == {"failed": 1}
+
+
+def logged(handler: Callable[[Job], Awaitable[Page]]) -> Callable[[Job], Awaitable[Page]]:
+    """A metrics or logging decorator as people write them: plain, over an async handler."""
+
+    @functools.wraps(handler)
+    def wrapper(job: Job) -> Awaitable[Page]:
+        logging.getLogger("test").info("page of job %s", job.id)
+        return handler(job)
+
+    return wrapper
+
+
+class Client:
+    """An object handler with `async def __call__`."""
+
+    def __init__(self, runs: list[tuple[float, float]]) -> None:
+        self.runs = runs
+
+    async def __call__(self, job: Job) -> Page:
+        began = time.monotonic()
+        await asyncio.sleep(2.5)
+        self.runs.append((began, time.monotonic()))
+        return Page(None, 1)
+
+
+@pytest.mark.parametrize("shape", ["plain decorator", "async __call__"])
+def test_a_coroutine_behind_a_plain_callable_runs_under_the_heartbeat(
+    app: SyncLane, db: psycopg.Connection[Any], schema: str, shape: str
+) -> None:
+    """With a 1 s lease and a 2.5 s page, the page runs once: the lease is renewed while the
+    coroutine the callable returned is awaited."""
+    queue = app.queue("q", lease_duration=1, concurrency=2, max_attempts=1)
+    runs: list[tuple[float, float]] = []
+
+    async def fetch(job: Job) -> Page:
+        began = time.monotonic()
+        await asyncio.sleep(2.5)
+        runs.append((began, time.monotonic()))
+        return Page(None, 1)
+
+    handler = logged(fetch) if shape == "plain decorator" else Client(runs)
+    queue.snapshot("products", every=DAY)(handler)
+    job_id = app.enqueue("q", "acme", "products")
+    with running_worker(app):
+        wait_for(lambda: job_row(db, schema, job_id)["status"] == "completed", 20, "the job")
+    row = job_row(db, schema, job_id)
+    assert (row["attempt_count"], row["processed_count"]) == (1, 1)
+    assert len(runs) == 1, f"the page ran {len(runs)} times"
+
+
+def test_a_stop_does_not_wait_for_a_coroutine_behind_a_plain_callable(
+    app: SyncLane, db: psycopg.Connection[Any], schema: str
+) -> None:
+    queue = app.queue("q")
+
+    async def slow(job: Job) -> Page:
+        await asyncio.sleep(30)
+        return Page(None)
+
+    queue.snapshot("products", every=DAY)(logged(slow))
+    job_id = app.enqueue("q", "acme", "products")
+    with running_worker(app):
+        wait_for(lambda: job_row(db, schema, job_id)["status"] == "running", 10, "the page")
+        stopping = time.monotonic()
+    assert time.monotonic() - stopping < 5
+    row = job_row(db, schema, job_id)
+    assert (row["status"], row["attempt_count"]) == ("pending", 0)
+
+
+def test_a_cancelled_error_from_a_handler_fails_its_job_and_the_slot_carries_on(
+    app: SyncLane, db: psycopg.Connection[Any], schema: str
+) -> None:
+    queue = app.queue("q", retry_base_delay=3600, retry_max_delay=3600)
+
+    @queue.windowed("orders", horizon=30 * DAY, slice=DAY, every=timedelta(hours=1))
+    async def orders(job: Job) -> Page:
+        if job.owner == "bad":
+            raise asyncio.CancelledError  # a timeout helper gone wrong, not the worker
+        return Page(None, 1)
+
+    bad = app.enqueue("q", "bad", "orders", **window(1))
+    good = [app.enqueue("q", f"good-{n}", "orders", **window(n + 2)) for n in range(3)]
+    report = app.run_worker(until_idle=True, stop_after=20)
+    row = job_row(db, schema, bad)
+    assert row["status"] == "failed" and row["error"].startswith("CancelledError")
+    assert row["attempt_count"] == 1, "a failure uses its attempt"
+    assert all(job_row(db, schema, j)["status"] == "completed" for j in good), report
+
+
+# -- a lane's pause ------------------------------------------------------------------------
+
+
+def test_a_throttle_pauses_jobs_that_join_the_lane_during_the_pause(
+    app: SyncLane, db: psycopg.Connection[Any], schema: str
+) -> None:
+    queue = app.queue("q", concurrency=2)
+    queue.owners(lambda name: [Owner("acme-us", lane="acme"), Owner("acme-eu", lane="acme")])
+    started: list[tuple[str, str]] = []
+
+    @queue.windowed("orders", horizon=2 * DAY, slice=DAY, every=timedelta(hours=1))
+    def orders(job: Job) -> Page:
+        started.append((job.owner, job.lane))
+        if job.owner == "first":
+            raise Throttled(retry_after=30)
+        return Page(None, 1)
+
+    throttled = app.enqueue("q", "first", "orders", lane="acme", **window(1))
+    with running_worker(app):
+        wait_for(lambda: job_row(db, schema, throttled)["throttle_count"] == 1, 10, "a 429")
+        count = len(started)
+        joined = app.enqueue("q", "later", "orders", lane="acme", **window(2))
+        other = app.enqueue("q", "globex", "orders", lane="globex", **window(2))
+        assert app.requeue("q", ids=[throttled]) == 1  # fresh attempts, the same pause
+        app.plan()  # acme-us and acme-eu connect: their history is planned into the lane
+        wait_for(lambda: job_row(db, schema, other)["status"] == "completed", 10, "globex")
+        time.sleep(1.0)
+        assert [lane for _, lane in started[count:]] == ["globex"], started[count:]
+    assert job_row(db, schema, joined)["status"] == "pending"
+    lanes = app.lanes("q").set_index("lane")
+    paused_until = lanes.loc["acme", "paused_until"]
+    assert paused_until > datetime.now(UTC) + timedelta(seconds=20)
+
+
+def test_a_requeued_job_of_a_paused_lane_waits_for_the_pause(
+    app: SyncLane, db: psycopg.Connection[Any], schema: str
+) -> None:
+    queue = app.queue("q", max_attempts=1)
+    calls: list[str] = []
+
+    @queue.snapshot("products", every=DAY)
+    def products(job: Job) -> Page:
+        calls.append(job.owner)
+        if job.owner == "slow":
+            raise Throttled(retry_after=30)
+        raise RuntimeError("broken")
+
+    broken = app.enqueue("q", "broken", "products", lane="acme")
+    app.run_worker(until_idle=True, stop_after=10)
+    assert job_row(db, schema, broken)["status"] == "deferred"
+    app.enqueue("q", "slow", "products", lane="acme")
+    app.run_worker(until_idle=True, stop_after=10)
+    before = len(calls)
+    assert app.requeue("q", ids=[broken]) == 1
+    assert app.run_worker(until_idle=True, stop_after=10) == {}
+    assert len(calls) == before and job_row(db, schema, broken)["status"] == "pending"
+
+
+# -- lost answers --------------------------------------------------------------------------
+
+
+def test_a_lost_answer_to_a_completion_does_not_strand_the_next_job(
+    dsn: str, schema: str, db: psycopg.Connection[Any]
+) -> None:
+    """One statement completes job 1 and takes job 2; its answer is lost. The worker finds job 2
+    by the lease token it sent and runs it at once, its attempt not used up."""
+    with answer_dropper(dsn) as proxy:
+        app = SyncLane(proxy.dsn, schema=schema, poll_interval=0.05, plan_interval=3600)
+        queue = app.queue("q", lease_duration=120)
+
+        @queue.windowed("orders", horizon=30 * DAY, slice=DAY, every=timedelta(hours=1))
+        def orders(job: Job) -> Page:
+            if job.window_end == BASE:
+                proxy.drop_answer_to("front AS (")  # the statement that completes and takes
+            return Page(None, 1)
+
+        first = app.enqueue("q", "acme", "orders", lane="acme", **window(1))
+        second = app.enqueue("q", "acme", "orders", lane="acme", **window(2))
+        with running_worker(app) as worker:
+            wait_for(lambda: job_row(db, schema, second)["status"] == "completed", 10, "job 2")
+        app.close()
+    assert proxy.dropped == 1
+    assert job_row(db, schema, first)["status"] == "completed"
+    assert job_row(db, schema, second)["attempt_count"] == 1
+    assert worker.report["lost"] == 0 and worker.report["completed"] == 2
+
+
+def test_a_lost_answer_to_a_page_save_counts_the_page_once(
+    dsn: str, schema: str, db: psycopg.Connection[Any]
+) -> None:
+    with answer_dropper(dsn) as proxy:
+        app = SyncLane(proxy.dsn, schema=schema, poll_interval=0.05, plan_interval=3600)
+        queue = app.queue("q", lease_duration=120)
+
+        @queue.snapshot("products", every=DAY)
+        def products(job: Job) -> Page:
+            if job.cursor is None:
+                return Page("10", 10)
+            if job.cursor == "10":
+                proxy.drop_answer_to("SET cursor =")  # the save after this page
+                return Page("20", 10)
+            return Page(None, 10)
+
+        job_id = app.enqueue("q", "acme", "products")
+        with running_worker(app) as worker:
+            wait_for(lambda: job_row(db, schema, job_id)["status"] == "completed", 10, "the job")
+        app.close()
+    assert proxy.dropped == 1
+    assert job_row(db, schema, job_id)["processed_count"] == 30
+    assert worker.report["lost"] == 0
+
+
+def test_a_lost_answer_to_a_recorded_failure_reports_the_failure(
+    dsn: str, schema: str, db: psycopg.Connection[Any]
+) -> None:
+    with answer_dropper(dsn) as proxy:
+        app = SyncLane(proxy.dsn, schema=schema, poll_interval=0.05, plan_interval=3600)
+        queue = app.queue("q", lease_duration=120, retry_base_delay=3600, retry_max_delay=3600)
+
+        @queue.snapshot("products", every=DAY)
+        def products(job: Job) -> Page:
+            proxy.drop_answer_to("error = $")  # the statement that records the failure
+            raise RuntimeError("the shop answered 500")
+
+        job_id = app.enqueue("q", "acme", "products")
+        with running_worker(app) as worker:
+            wait_for(lambda: worker.report["failed"] + worker.report["lost"] >= 1, 10, "a fail")
+        app.close()
+    assert proxy.dropped == 1
+    assert (worker.report["failed"], worker.report["lost"]) == (1, 0)
+    assert job_row(db, schema, job_id)["status"] == "failed"
+
+
+# -- a lane held by a page in flight -------------------------------------------------------
+
+
+def test_requeueing_a_cancelled_job_keeps_its_lane_until_its_page_stops(
+    app: SyncLane, db: psycopg.Connection[Any], schema: str
+) -> None:
+    queue = app.queue("q", concurrency=2, lease_duration=3)
+    runs: list[tuple[int, float, float]] = []
+    lock = threading.Lock()
+
+    @queue.snapshot("products", every=DAY)
+    def products(job: Job) -> Page:
+        began = time.monotonic()
+        time.sleep(2.0)
+        with lock:
+            runs.append((job.id, began, time.monotonic()))
+        return Page(None, 1)
+
+    job_id = app.enqueue("q", "acme", "products", lane="acme")
+    with running_worker(app):
+        wait_for(lambda: job_row(db, schema, job_id)["status"] == "running", 10, "the page")
+        assert app.cancel("q", "acme", "disconnected by mistake") == 1
+        assert app.requeue("q", ids=[job_id], include_cancelled=True) == 1
+        wait_for(lambda: job_row(db, schema, job_id)["status"] == "completed", 20, "the rerun")
+    assert len(runs) == 2
+    (_, _, first_ended), (_, second_began, _) = sorted(runs, key=lambda r: r[1])
+    assert second_began >= first_ended, "two pages of one lane ran at once"
+
+
+# -- values at the edges -------------------------------------------------------------------
+
+
+def test_an_instant_outside_the_years_python_reads_back_is_refused_by_name(
+    app: SyncLane, db: psycopg.Connection[Any], schema: str
+) -> None:
+    queue = app.queue("q")
+    queue.snapshot("products", every=DAY)(lambda job: Page(None))
+    end_of_time = datetime.max.replace(tzinfo=WEST)  # the year 10000 in UTC
+    with pytest.raises(ConfigError, match="window_end"):
+        app.enqueue("q", "acme", "products", window_end=end_of_time)
+    with pytest.raises(ConfigError, match="window_start"):
+        app.enqueue("q", "acme", "products", window_start=datetime.min.replace(tzinfo=UTC))
+    for call in (app.jobs, app.failures):
+        with pytest.raises(ConfigError, match="since"):
+            call(since=end_of_time)  # type: ignore[operator]
+        with pytest.raises(ConfigError, match="until"):
+            call(until=timedelta.max)  # type: ignore[operator]
+    assert app.jobs().empty
+
+
+def test_a_window_cannot_end_in_the_future(
+    app: SyncLane, db: psycopg.Connection[Any], schema: str
+) -> None:
+    """A manual reload of "today" that ends at the next midnight would make coverage end in the
+    future: refreshes would stop until then and what arrives meanwhile would never load."""
+    queue = app.queue("q")
+    queue.windowed("orders", horizon=30 * DAY, slice=DAY, every=timedelta(minutes=15))(
+        lambda job: Page(None)
+    )
+    midnight = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0) + DAY
+    with pytest.raises(ConfigError, match=r"window_end.*future"):
+        app.enqueue("q", "acme", "orders", window_start=midnight - DAY, window_end=midnight)
+    job_id = app.enqueue(
+        "q", "acme", "orders", window_start=midnight - DAY, window_end=datetime.now(UTC)
+    )
+    assert job_row(db, schema, job_id)["window_end"] <= datetime.now(UTC)
+
+
+def test_a_name_is_limited_in_bytes_and_one_bad_owner_does_not_stop_planning(
+    app: SyncLane, db: psycopg.Connection[Any], schema: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    wide = "𝔸" * 512  # 512 characters, 2,048 bytes: the dedup index entry would not fit
+    queue = app.queue("q")
+    queue.owners(lambda name: [Owner(wide), Owner(""), Owner("acme"), "globex"])
+    queue.snapshot("products", every=DAY)(lambda job: Page(None))
+    with caplog.at_level(logging.ERROR, logger="synclane"):
+        assert app.plan() == {"q": 2}
+    assert "2 owner(s) that cannot be stored" in caplog.text
+    assert set(app.jobs()["owner"]) == {"acme", "globex"}
+    with pytest.raises(ConfigError, match=r"owner is 2048 bytes .* 512 bytes"):
+        app.enqueue("q", wide, "products")
+    assert app.enqueue("q", "𝔸" * 128, "products") > 0  # 512 bytes: fits
+
+
+@pytest.mark.parametrize(
+    ("call", "named"),
+    [
+        (lambda a: a.jobs(ids=[2**63]), "ids"),
+        (lambda a: a.jobs(ids=[0]), "ids"),
+        (lambda a: a.jobs(limit=10**20), "limit"),
+        (lambda a: a.jobs(since=timedelta.max), "since"),
+        (lambda a: a.failures(since=timedelta.max), "since"),
+        (lambda a: a.coverage("q", until=timedelta.min), "until"),
+        (lambda a: a.throughput(since=timedelta.max), "since"),
+        (lambda a: a.requeue("q", ids=[2**63]), "ids"),
+        (lambda a: a.plan("q", horizon=float("nan")), "horizon"),
+        (lambda a: a.plan("q", horizon=1e12), "horizon"),
+    ],
+)
+def test_numbers_out_of_range_are_config_errors_naming_the_argument(
+    app: SyncLane, call: Callable[[SyncLane], object], named: str
+) -> None:
+    queue = app.queue("q")
+    queue.windowed("orders", horizon=30 * DAY, slice=DAY, every=timedelta(minutes=15))(
+        lambda job: Page(None)
+    )
+    with pytest.raises(ConfigError, match=named):
+        call(app)
+
+
+# -- siblings ------------------------------------------------------------------------------
+
+
+def test_a_listener_raising_system_exit_costs_no_job_and_no_worker(
+    app: SyncLane, db: psycopg.Connection[Any], schema: str
+) -> None:
+    queue = app.queue("q")
+    queue.snapshot("products", every=DAY)(lambda job: Page(None, 1))
+
+    def leaving(event: object) -> None:
+        raise SystemExit(3)
+
+    jobs = [app.enqueue("q", owner, "products") for owner in ("acme", "globex")]
+    report = app.run_worker(until_idle=True, stop_after=15, on_event=leaving)
+    assert report == {"completed": 2}
+    assert {job_row(db, schema, j)["status"] for j in jobs} == {"completed"}
+
+
+def test_an_owner_source_may_be_an_async_generator(app: SyncLane) -> None:
+    queue = app.queue("q")
+
+    @queue.owners
+    async def connected(name: str) -> Any:
+        for owner in ("acme", "globex"):
+            await asyncio.sleep(0)
+            yield Owner(owner)
+
+    queue.snapshot("products", every=DAY)(lambda job: Page(None))
+    assert app.plan() == {"q": 2}
+    assert sorted(app.jobs()["owner"]) == ["acme", "globex"]
