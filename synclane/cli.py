@@ -255,7 +255,30 @@ def cmd_dashboard(args: argparse.Namespace) -> None:
         allow_remote=args.allow_remote,
         trust_proxy=args.trust_proxy,
         on_ready=lambda url: print(f"synclane dashboard on {url} (Ctrl-C stops it)", flush=True),
+        **_page_options(args),
     )
+
+
+def _page_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The page's options from `dashboard` and `demo`; the login secret from the environment
+    (never a flag: the command line shows in `ps`)."""
+    from synclane.dashboard import LOGIN_SECRET_ENV
+
+    return {
+        "public_hosts": args.public_host or (),
+        "login_secret": os.environ.get(LOGIN_SECRET_ENV) or None,
+    }
+
+
+PUBLIC_HOST_HELP = (
+    "another name the page is reached by (a proxy's public name, this machine's address); "
+    "repeat for several. The page answers only to its own address and these names"
+)
+REMOTE_HELP = (
+    "listen on a host other machines can reach; needs a login secret of 16+ characters in "
+    "$SYNCLANE_DASHBOARD_SECRET"
+)
+PROXY_HELP = "accept requests forwarded by a proxy (X-Forwarded-*); the proxy or the login guards"
 
 
 def cmd_demo(args: argparse.Namespace) -> None:
@@ -278,6 +301,7 @@ def cmd_demo(args: argparse.Namespace) -> None:
             port=args.port,
             allow_remote=args.allow_remote,
             trust_proxy=args.trust_proxy,
+            **_page_options(args),
         )
         threading.Thread(target=server.serve_forever, daemon=True).start()
         print(f"synclane demo on {where}: open {server.url}", flush=True)
@@ -339,8 +363,9 @@ def parser() -> argparse.ArgumentParser:
     demo = command("demo", cmd_demo, "run the demo shop with workers and its page")
     demo.add_argument("--host", default="127.0.0.1", help="where the page listens")
     demo.add_argument("--port", type=int, default=8080)
-    demo.add_argument("--allow-remote", action="store_true", help="allow a non-loopback host")
-    demo.add_argument("--trust-proxy", action="store_true", help="accept forwarding headers")
+    demo.add_argument("--allow-remote", action="store_true", help=REMOTE_HELP)
+    demo.add_argument("--trust-proxy", action="store_true", help=PROXY_HELP)
+    demo.add_argument("--public-host", action="append", metavar="NAME", help=PUBLIC_HOST_HELP)
     demo.add_argument("--speed", type=float, default=1.0, help="time factor; 0.1 is 10x faster")
     demo.add_argument("--for", dest="seconds", type=float, help="stop after this many seconds")
     demo.add_argument("--no-page", action="store_true", help="do not serve the page")
@@ -393,8 +418,9 @@ def parser() -> argparse.ArgumentParser:
     page = command("dashboard", cmd_dashboard, "serve the page for an app")
     page.add_argument("--host", default="127.0.0.1")
     page.add_argument("--port", type=int, default=8080)
-    page.add_argument("--allow-remote", action="store_true", help="allow a non-loopback host")
-    page.add_argument("--trust-proxy", action="store_true", help="accept forwarding headers")
+    page.add_argument("--allow-remote", action="store_true", help=REMOTE_HELP)
+    page.add_argument("--trust-proxy", action="store_true", help=PROXY_HELP)
+    page.add_argument("--public-host", action="append", metavar="NAME", help=PUBLIC_HOST_HELP)
 
     serve = command("serve", cmd_serve, "serve the app's Prefect deployments (synclane[prefect])")
     serve.add_argument(
