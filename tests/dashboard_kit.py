@@ -224,9 +224,10 @@ def call(
     body: bytes | None = None,
     headers: dict[str, str] | None = None,
     host: str | None = "default",
+    timeout: float = 10,
 ) -> Answer:
     """One request; Host is the server's own address unless given (None: no Host at all)."""
-    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=timeout)
     try:
         conn.putrequest(method, path, skip_host=True, skip_accept_encoding=True)
         if host == "default":

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import re
-import threading
 from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
@@ -26,10 +25,8 @@ from dashboard_kit import (
     start,
     statuses,
     stop,
-    table,
     token_of,
 )
-from psycopg import sql
 
 from synclane import ConfigError, SyncLane
 from synclane.dashboard import DashboardServer, is_loopback, make_server, serve

@@ -14,7 +14,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from test_dashboard import LONG_ERROR, SCRIPT_ERROR, arrange_shop, row, start, stop
+from dashboard_kit import LONG_ERROR, SCRIPT_ERROR, arrange_shop, row, start, stop
 
 from synclane import SyncLane
 from synclane.dashboard import DashboardServer

@@ -385,7 +385,7 @@ class Views:
     it expires computes it (once, however many ask at the same moment); the others get the
     previous answer meanwhile, or wait for the first one. A slow database widens the interval
     (to three times the last computation), so the page never keeps it busy. An answer that
-    failed is kept the same way, so a database that is down is asked once per interval."""
+    failed is kept for the interval, so a database that is down is asked once per interval."""
 
     def __init__(self, interval: float, size: int = 64) -> None:
         self.interval = interval
@@ -436,7 +436,8 @@ class Views:
                 if error is not None or value is not None:
                     answer.ready = True
                     answer.value, answer.error = value, error
-                    answer.expires = time.monotonic() + max(self.interval, 3 * took)
+                    keep = self.interval if error is not None else max(self.interval, 3 * took)
+                    answer.expires = time.monotonic() + keep
                     if generation != self._generation:
                         answer.expires = 0.0
                 self._lock.notify_all()
