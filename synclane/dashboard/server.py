@@ -26,7 +26,8 @@ from waitress.task import ErrorTask
 
 from synclane.app import SyncLane
 from synclane.dashboard.guard import SECURITY_HEADERS, check_login_secret, is_loopback
-from synclane.dashboard.web import MAX_BODY, Dashboard
+from synclane.dashboard.request import MAX_BODY
+from synclane.dashboard.web import Dashboard
 from synclane.events import EventLog
 from synclane.model import ConfigError
 

@@ -15,6 +15,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from typing import Any
@@ -145,6 +146,8 @@ class Reader:
         conn.execute("SET default_transaction_read_only = on")
         # Compiling a plan costs more than these statements take (see store.WORKER_SESSION).
         conn.execute("SET jit = off")
+        # The counts hash and sort a few hundred thousand unfinished rows at most: in memory.
+        conn.execute("SET work_mem = '64MB'")
 
     def _connections(self) -> ConnectionPool[psycopg.Connection[Any]]:
         with self._pool_lock:
@@ -204,11 +207,7 @@ class Reader:
         by_queue: dict[str, dict[str, Any]] = {}
         for row in self._rows("page_summary", {}):
             entry = by_queue.setdefault(row["queue"], {"queue": row["queue"], "statuses": {}})
-            entry["statuses"][row["status"]] = {
-                "jobs": row["jobs"],
-                "owners": row["owners"],
-                "lanes": row["lanes"],
-            }
+            entry["statuses"][row["status"]] = {"jobs": row["jobs"], "owners": row["owners"]}
         for name in self.queues():
             by_queue.setdefault(name, {"queue": name, "statuses": {}})
         queues = [
@@ -294,7 +293,10 @@ class Reader:
         limit: int = PAGE_SIZE,
     ) -> dict[str, Any]:
         """Jobs newest first, `limit` at most, below the id `before`."""
+        unfinished = bool(statuses) and set(statuses or ()) <= set(OPEN_STATUSES)
         params = {
+            "narrow": unfinished or owner is not None or lane is not None or cause_id is not None,
+            "queues": self.queues(),
             "before": before,
             "statuses": statuses,
             "queue": queue,
@@ -317,9 +319,18 @@ class Reader:
         the busiest lanes, the causes, the running and stopped jobs however old (paged), and the
         newest jobs."""
         started = time.monotonic()
-        summary = self.summary()
-        stopped = self.jobs(statuses=list(("running", *STOPPED_STATUSES)))
-        recent = self.jobs()
+        # The parts are independent reads: each runs on a connection of its own, at once.
+        with ThreadPoolExecutor(self._pool_size, thread_name_prefix="dashboard-read") as reads:
+            parts = {
+                "summary": reads.submit(self.summary),
+                "accounts": reads.submit(self.accounts),
+                "lanes": reads.submit(self.lanes),
+                "failures": reads.submit(self.failures),
+                "stopped": reads.submit(self.jobs, statuses=["running", *STOPPED_STATUSES]),
+                "recent": reads.submit(self.jobs),
+            }
+            done = {name: part.result() for name, part in parts.items()}
+        stopped, recent = done["stopped"], done["recent"]
         by_id = {job["id"]: job for job in [*recent["rows"], *stopped["rows"]]}
         return {
             "now": datetime.now(UTC).isoformat(),
@@ -328,10 +339,10 @@ class Reader:
             "requeue_statuses": list(STOPPED_STATUSES),
             "far_retry_seconds": FAR_RETRY.total_seconds(),
             "page_size": PAGE_SIZE,
-            "summary": summary,
-            "accounts": self.accounts(),
-            "lanes": self.lanes(),
-            "failures": self.failures(),
+            "summary": done["summary"],
+            "accounts": done["accounts"],
+            "lanes": done["lanes"],
+            "failures": done["failures"],
             "jobs": [by_id[key] for key in sorted(by_id, reverse=True)],
             "stopped_before": stopped["next_before"],
             "seconds": round(time.monotonic() - started, 3),

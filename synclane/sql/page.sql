@@ -6,12 +6,16 @@
 -- identifier. The line under each name says what the statement guarantees.
 
 -- name: page_summary
--- jobs that are not finished, counted per queue and status, with how many owners and lanes they
--- belong to; reads only unfinished rows
-SELECT queue, status, count(*) AS jobs,
-       count(DISTINCT owner) AS owners, count(DISTINCT lane) AS lanes
-FROM {schema}.jobs
-WHERE status IN ('pending', 'running', 'failed', 'deferred', 'abandoned')
+-- jobs that are not finished, counted per queue and status, with how many owners they belong
+-- to; reads only unfinished rows, and counts owners by hashing, without a sort
+WITH per_owner AS (
+    SELECT queue, status, owner, count(*) AS jobs
+    FROM {schema}.jobs
+    WHERE status IN ('pending', 'running', 'failed', 'deferred', 'abandoned')
+    GROUP BY queue, status, owner
+)
+SELECT queue, status, sum(jobs)::bigint AS jobs, count(*) AS owners
+FROM per_owner
 GROUP BY queue, status
 ORDER BY queue, array_position(ARRAY['running', 'pending', 'failed', 'deferred', 'abandoned'],
                                status);
@@ -25,12 +29,11 @@ WHERE n.nspname = %(schema)s AND c.relname = 'jobs';
 -- name: page_accounts
 -- owners and types that need a look, worst first: something abandoned, then failing, then a
 -- throttled lane, then the first loads waiting longest; at most `limit` rows from `offset`, and
--- `total` how many need a look. Reads only unfinished rows
+-- `total` how many need a look. Reads only the unfinished rows that can put an account here
+-- (stopped, history, or waiting for a later time), not the refreshes simply due
 WITH open AS (
     SELECT queue, owner, type,
            min(lane) AS lane,
-           count(*) AS open_jobs,
-           count(*) FILTER (WHERE status = 'running') AS running,
            count(*) FILTER (WHERE status = 'abandoned') AS abandoned,
            count(*) FILTER (WHERE status = 'deferred') AS deferred,
            count(*) FILTER (WHERE status = 'failed' AND coalesce(error, '') NOT LIKE 'Throttled%%')
@@ -47,6 +50,8 @@ WITH open AS (
            max(id) FILTER (WHERE status IN ('failed', 'deferred', 'abandoned')) AS newest_failure
     FROM {schema}.jobs
     WHERE status IN ('pending', 'running', 'failed', 'deferred', 'abandoned')
+      AND (status IN ('failed', 'deferred', 'abandoned') OR mode = 'initial'
+           OR next_run_at > now())
     GROUP BY queue, owner, type
 ),
 ranked AS (
@@ -57,7 +62,7 @@ ranked AS (
                 ELSE 4 END AS severity
     FROM open
 )
-SELECT r.queue, r.owner, r.type, r.lane, r.severity, r.open_jobs, r.running, r.abandoned,
+SELECT r.queue, r.owner, r.type, r.lane, r.severity, r.abandoned,
        r.deferred, r.failing, r.paused_until, r.history_open, r.history_since,
        left(e.error, %(error_width)s) AS newest_error, count(*) OVER () AS total
 FROM ranked r
@@ -98,8 +103,6 @@ open AS (
     CROSS JOIN LATERAL (
         SELECT
            min(lane) AS lane,
-           count(*) AS open_jobs,
-           count(*) FILTER (WHERE status = 'running') AS running,
            count(*) FILTER (WHERE status = 'abandoned') AS abandoned,
            count(*) FILTER (WHERE status = 'deferred') AS deferred,
            count(*) FILTER (WHERE status = 'failed' AND coalesce(error, '') NOT LIKE 'Throttled%%')
@@ -127,7 +130,7 @@ ranked AS (
                 ELSE 4 END AS severity
     FROM open
 )
-SELECT r.queue, r.owner, r.type, r.lane, r.severity, r.open_jobs, r.running, r.abandoned,
+SELECT r.queue, r.owner, r.type, r.lane, r.severity, r.abandoned,
        r.deferred, r.failing, r.paused_until, r.history_open, r.history_since,
        left(e.error, %(error_width)s) AS newest_error, count(*) OVER () AS total
 FROM ranked r
@@ -155,35 +158,48 @@ LEFT JOIN {schema}.jobs j
 GROUP BY a.queue, a.owner, a.type;
 
 -- name: page_lanes
--- the busiest lanes first: those running a job, then those with most jobs due and waiting; at
--- most `limit` from `offset`, `total` how many lanes have unfinished jobs. Counts unfinished
--- rows per lane, then looks up each shown lane's running job in the running-lane index
-WITH open AS (
-    SELECT queue, lane,
-           count(*) FILTER (WHERE status = 'running') AS running,
-           count(*) FILTER (WHERE status IN ('pending', 'failed', 'deferred')) AS waiting,
-           count(*) FILTER (WHERE status IN ('pending', 'failed') AND next_run_at <= now()) AS due,
-           min(next_run_at) FILTER (WHERE status IN ('pending', 'failed')) AS next_due,
-           max(next_run_at) FILTER (WHERE status IN ('failed', 'deferred')
-                                      AND next_run_at > now() AND error LIKE 'Throttled%%')
-               AS paused_until
+-- the busiest lanes first: those running a job, then those with most jobs waiting; at most
+-- `limit` from `offset`, `total` how many lanes have unfinished jobs. Counts the waiting jobs of
+-- every lane in the index of open lanes and takes the running ones from the running-lane index;
+-- only the lanes shown are then read in full (what is due, until when a throttle pauses them)
+WITH waiting AS (
+    SELECT queue, lane, count(*) AS waiting
     FROM {schema}.jobs
-    WHERE status IN ('pending', 'running', 'failed', 'deferred')
+    WHERE status IN ('pending', 'failed', 'deferred')
       AND (%(search)s::text IS NULL OR starts_with(lane, %(search)s))
     GROUP BY queue, lane
 ),
+running AS (
+    SELECT queue, lane, id
+    FROM {schema}.jobs
+    WHERE status = 'running'
+      AND (%(search)s::text IS NULL OR starts_with(lane, %(search)s))
+),
 shown AS (
-    SELECT *, count(*) OVER () AS total FROM open
-    ORDER BY running DESC, due DESC, waiting DESC, queue, lane
+    SELECT coalesce(w.queue, r.queue) AS queue, coalesce(w.lane, r.lane) AS lane,
+           coalesce(w.waiting, 0) AS waiting, r.id AS running_id, count(*) OVER () AS total
+    FROM waiting w
+    FULL JOIN running r ON r.queue = w.queue AND r.lane = w.lane
+    ORDER BY r.id IS NOT NULL DESC, coalesce(w.waiting, 0) DESC, 1, 2
     LIMIT %(limit)s OFFSET %(offset)s
 )
 SELECT s.queue, s.lane,
        r.id AS job_id, r.owner, r.type, r.mode, r.window_start, r.window_end, r.cursor,
        r.processed_count, r.attempt_count, r.leased_by, r.started_at AS since,
-       r.lease_expires_at, s.waiting, s.due, s.next_due, s.paused_until, s.total
+       r.lease_expires_at, s.waiting, d.due, d.next_due, d.paused_until, s.total
 FROM shown s
-LEFT JOIN {schema}.jobs r ON r.queue = s.queue AND r.lane = s.lane AND r.status = 'running'
-ORDER BY s.running DESC, s.due DESC, s.waiting DESC, s.queue, s.lane;
+LEFT JOIN {schema}.jobs r ON r.id = s.running_id
+CROSS JOIN LATERAL (
+    SELECT count(*) FILTER (WHERE o.status IN ('pending', 'failed') AND o.next_run_at <= now())
+               AS due,
+           min(o.next_run_at) FILTER (WHERE o.status IN ('pending', 'failed')) AS next_due,
+           max(o.next_run_at) FILTER (WHERE o.status IN ('failed', 'deferred')
+                                        AND o.next_run_at > now() AND o.error LIKE 'Throttled%%')
+               AS paused_until
+    FROM {schema}.jobs o
+    WHERE o.queue = s.queue AND o.lane = s.lane AND o.status IN ('pending', 'failed', 'deferred')
+) d
+ORDER BY s.running_id IS NOT NULL DESC, s.waiting DESC, s.queue, s.lane;
 
 -- name: page_failures
 -- stopped jobs (failed, deferred, abandoned) grouped by cause (the error's first line with
@@ -227,8 +243,11 @@ LIMIT %(limit)s;
 -- name: page_jobs
 -- jobs newest first below the id `before`, at most `limit`: by default every job that runs or
 -- waits for a human however old (keyset paging reaches the oldest), or filtered by queue, owner,
--- lane, statuses or a cause's short id. `offer_requeue` says whether a Requeue button belongs
--- on it: deferred, abandoned, or failed with a retry further off than `far` (not a throttle)
+-- lane, statuses or a cause's short id. With `narrow` (unfinished statuses, an owner, a lane)
+-- the rows come from the per-owner and open-row indexes and are sorted, instead of walking the
+-- newest ids, which would read the whole history to find a few old stopped jobs. An owner is
+-- looked up in the declared `queues`. `offer_requeue` says whether a Requeue button belongs on
+-- it: deferred, abandoned, or failed with a retry further off than `far` (not a throttle)
 SELECT id, queue, owner, lane, type, mode, status, window_start, window_end, cursor,
        processed_count, attempt_count, throttle_count,
        left(error, %(error_width)s) AS error,
@@ -242,10 +261,10 @@ FROM {schema}.jobs
 WHERE (%(before)s::bigint IS NULL OR id < %(before)s)
   AND (%(statuses)s::text[] IS NULL OR status = ANY (%(statuses)s::text[]))
   AND (%(queue)s::text IS NULL OR queue = %(queue)s)
-  AND (%(owner)s::text IS NULL OR owner = %(owner)s)
+  AND (%(owner)s::text IS NULL OR (owner = %(owner)s AND queue = ANY (%(queues)s::text[])))
   AND (%(lane)s::text IS NULL OR lane = %(lane)s)
   AND (%(cause_id)s::text IS NULL
        OR (status IN ('failed', 'deferred', 'abandoned')
            AND left(md5({schema}.error_cause(error)), 8) = %(cause_id)s))
-ORDER BY id DESC
+ORDER BY CASE WHEN %(narrow)s THEN id + 0 END DESC, id DESC
 LIMIT %(limit)s;
