@@ -490,3 +490,34 @@ def test_the_page_works_with_port_zero(server: DashboardServer) -> None:
     assert server.port != 0
     assert server.url == f"http://127.0.0.1:{server.port}/"
     assert call(server, "GET", "/").status == 200
+
+
+def test_the_page_hides_short_passwords_sslpasswords_and_any_written_password(
+    dsn: str, schema: str, db: psycopg.Connection
+) -> None:
+    """Issue 20 item 6, the page's own masking: a password of 3 characters where it stands
+    alone (not inside other words), the sslpassword, and any password a text writes out."""
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    params = {k: v for k, v in conninfo_to_dict(dsn).items() if k != "password"}
+    secret_dsn = make_conninfo("", **params, password="abc", sslpassword="ssl-secret-99")
+    app = SyncLane(secret_dsn, schema=schema)
+    app.queue("shops").snapshot("products", every=3600)(lambda job: None)  # type: ignore[arg-type,return-value]
+    job_id = app.enqueue("shops", "acme", "products")
+    error = (
+        "RuntimeError: login abc refused (abcdef kept); key ssl-secret-99; "
+        "dsn host=h password='p w' port=5; url postgresql://u:hunter2@h/db"
+    )
+    arrange(db, schema, job_id, status="failed", error=error)
+    server = start(app)
+    try:
+        text = call(server, "GET", "/api/state").text
+    finally:
+        stop(server)
+        app.close()
+    [shown] = [job["error"] for job in json.loads(text)["jobs"]]
+    assert shown == (
+        "RuntimeError: login *** refused (abcdef kept); key ***; "
+        "dsn host=h password=*** port=5; url postgresql://u:***@h/db"
+    )
+    assert "ssl-secret-99" not in text and "hunter2" not in text

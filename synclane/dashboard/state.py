@@ -15,7 +15,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from typing import Any
@@ -319,8 +319,10 @@ class Reader:
         the busiest lanes, the causes, the running and stopped jobs however old (paged), and the
         newest jobs."""
         started = time.monotonic()
-        # The parts are independent reads: each runs on a connection of its own, at once.
-        with ThreadPoolExecutor(self._pool_size, thread_name_prefix="dashboard-read") as reads:
+        # The parts are independent reads: each runs on a connection of its own, at once. The
+        # first that fails fails the state at once; the others are not waited for.
+        reads = ThreadPoolExecutor(self._pool_size, thread_name_prefix="dashboard-read")
+        try:
             parts = {
                 "summary": reads.submit(self.summary),
                 "accounts": reads.submit(self.accounts),
@@ -329,7 +331,14 @@ class Reader:
                 "stopped": reads.submit(self.jobs, statuses=["running", *STOPPED_STATUSES]),
                 "recent": reads.submit(self.jobs),
             }
+            finished, _ = wait(parts.values(), return_when=FIRST_EXCEPTION)
+            for part in finished:
+                failure = part.exception()
+                if failure is not None:
+                    raise failure
             done = {name: part.result() for name, part in parts.items()}
+        finally:
+            reads.shutdown(wait=False, cancel_futures=True)
         stopped, recent = done["stopped"], done["recent"]
         by_id = {job["id"]: job for job in [*recent["rows"], *stopped["rows"]]}
         return {
