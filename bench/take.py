@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 from datetime import timedelta
 from typing import Any
+from uuid import uuid4
 
 import psycopg
 from psycopg import sql
@@ -63,10 +64,12 @@ def measure(dsn: str, schema: str, rounds: int) -> list[float]:
             "done_ids": [],
             "done_tokens": [],
             "done_counts": [],
+            "tokens": [uuid4()],  # the worker's own lease token for what it takes
+            "token": uuid4(),
         }
 
         def take() -> Any:
-            # What Store.a_take does: the front of the line, then lane by lane.
+            # What a worker's Taker does: the front of the line, then lane by lane.
             row = conn.execute(store.query("take_front"), params).fetchone()
             if row is not None and row[1] is not None:  # (completed, id, …)
                 return row

@@ -119,6 +119,12 @@ RETURNS text LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
                 ELSE 'failed' END
 $$;
 
+-- Every unfinished row, those waiting for a human included: the page's summary, its worst
+-- accounts and its stopped jobs, and failures(), read it instead of the history.
+CREATE INDEX IF NOT EXISTS jobs_unfinished
+    ON "synclane".jobs (queue, status, owner, type)
+    WHERE status IN ('pending', 'running', 'failed', 'deferred', 'abandoned');
+
 -- How many times in a row the job was handed back with its page abandoned before it ended and
 -- no page saved: a page longer than every worker's time budget would otherwise never finish.
 ALTER TABLE "synclane".jobs ADD COLUMN IF NOT EXISTS stalls integer NOT NULL DEFAULT 0;

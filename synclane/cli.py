@@ -16,7 +16,7 @@ import threading
 import traceback
 from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import psycopg
 
@@ -215,14 +215,39 @@ def cmd_dashboard(args: argparse.Namespace, term: Terminal) -> int:
         allow_remote=args.allow_remote,
         trust_proxy=args.trust_proxy,
         on_ready=lambda url: print(f"synclane dashboard on {url} (Ctrl-C stops it)", flush=True),
+        **_page_options(args),
     )
     return 0
+
+
+def _page_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The page's options from `dashboard` and `demo`; the login secret from the environment
+    (never a flag: the command line shows in `ps`)."""
+    from synclane.dashboard import LOGIN_SECRET_ENV
+
+    return {
+        "public_hosts": args.public_host or (),
+        "login_secret": os.environ.get(LOGIN_SECRET_ENV) or None,
+    }
+
+
+PUBLIC_HOST_HELP = (
+    "another name the page is reached by (a proxy's public name, this machine's address); "
+    "repeat for several. The page answers only to its own address and these names"
+)
+REMOTE_HELP = (
+    "listen on a host other machines can reach; needs a login secret of 16+ characters in "
+    "$SYNCLANE_DASHBOARD_SECRET"
+)
+PROXY_HELP = "accept requests forwarded by a proxy (X-Forwarded-*); the proxy or the login guards"
 
 
 def cmd_demo(args: argparse.Namespace, term: Terminal) -> int:
     from synclane import dashboard
     from synclane.demo import build_demo, data_schema_for
     from synclane.demo.story import Story
+    from synclane.demo.story import log as story_log
+    from synclane.events import EventLog, Listener
     from synclane.terminal import EventPrinter, left_open, report_text
 
     schema = args.schema or "synclane"
@@ -232,6 +257,7 @@ def cmd_demo(args: argparse.Namespace, term: Terminal) -> int:
     app = demo.app
     where = "the embedded PostgreSQL" if app.embedded else redact(app.dsn)
     server = None
+    events = EventLog()  # what the page's events panel shows: the worker's and the story's
     if not args.no_page:
         server = dashboard.make_server(
             app,
@@ -239,6 +265,8 @@ def cmd_demo(args: argparse.Namespace, term: Terminal) -> int:
             port=args.port,
             allow_remote=args.allow_remote,
             trust_proxy=args.trust_proxy,
+            events=events,
+            **_page_options(args),
         )
         threading.Thread(target=server.serve_forever, daemon=True).start()
         term.say(f"synclane demo on {where}: open {server.url}")
@@ -248,11 +276,17 @@ def cmd_demo(args: argparse.Namespace, term: Terminal) -> int:
     command += " --app synclane.demo.app:app"
     same_dsn = " (with the same --dsn)" if args.dsn else ""
     term.say(f"Ctrl-C stops it; `{command} jobs` shows the table from another terminal{same_dsn}")
-    story = Story(demo, command=command)
+
+    def say(text: str) -> None:
+        story_log.info("%s", text)
+        events.note(text)
+
+    story = Story(demo, command=command, say=say)
     story.intro(sum(app.plan().values()), kept=args.keep)
     try:
         with term.progress(lambda: app.open_jobs(), "demo") as bar:
-            worker = app.worker(None, args.seconds, on_event=[EventPrinter(app), story, bar])
+            listeners: list[Listener] = [EventPrinter(app), story, bar, events]
+            worker = app.worker(None, args.seconds, on_event=listeners)
             report = worker.run()
     finally:
         story.close()
@@ -332,8 +366,9 @@ def parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--host", default="127.0.0.1", help="where the page listens")
     demo.add_argument("--port", type=int, default=8080, help="the page's port (0: any free one)")
-    demo.add_argument("--allow-remote", action="store_true", help="allow a non-loopback host")
-    demo.add_argument("--trust-proxy", action="store_true", help="accept forwarding headers")
+    demo.add_argument("--allow-remote", action="store_true", help=REMOTE_HELP)
+    demo.add_argument("--trust-proxy", action="store_true", help=PROXY_HELP)
+    demo.add_argument("--public-host", action="append", metavar="NAME", help=PUBLIC_HOST_HELP)
     demo.add_argument(
         "--speed",
         type=cli_args.speed,
@@ -483,8 +518,9 @@ def parser() -> argparse.ArgumentParser:
     )
     page.add_argument("--host", default="127.0.0.1", help="where the page listens")
     page.add_argument("--port", type=int, default=8080, help="the page's port (0: any free one)")
-    page.add_argument("--allow-remote", action="store_true", help="allow a non-loopback host")
-    page.add_argument("--trust-proxy", action="store_true", help="accept forwarding headers")
+    page.add_argument("--allow-remote", action="store_true", help=REMOTE_HELP)
+    page.add_argument("--trust-proxy", action="store_true", help=PROXY_HELP)
+    page.add_argument("--public-host", action="append", metavar="NAME", help=PUBLIC_HOST_HELP)
 
     serve = command(
         "serve",

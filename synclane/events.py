@@ -94,12 +94,21 @@ def listeners(on_event: Listener | Iterable[Listener] | None) -> tuple[Listener,
     return found
 
 
+@dataclass(frozen=True)
+class Note:
+    """A line that is not about one job (the demo telling what happened at the shop)."""
+
+    text: str
+    at: datetime = field(default_factory=lambda: datetime.now(UTC))
+
+
 class EventLog:
     """The newest events, numbered, for a reader that polls (the page): `append` is a listener,
-    `since(number)` returns what came after. Thread-safe; keeps at most `size` events."""
+    `note(text)` adds a line of its own, `since(number)` returns what came after. Thread-safe;
+    keeps at most `size` entries."""
 
     def __init__(self, size: int = 500, kinds: Iterable[Kind] | None = None) -> None:
-        self._events: deque[tuple[int, Event]] = deque(maxlen=size)
+        self._events: deque[tuple[int, Event | Note]] = deque(maxlen=size)
         self._numbers = itertools.count(1)
         self._lock = threading.Lock()
         self._kinds = None if kinds is None else frozenset(kinds)
@@ -113,7 +122,11 @@ class EventLog:
         with self._lock:
             self._events.append((next(self._numbers), event))
 
-    def since(self, number: int = 0) -> list[tuple[int, Event]]:
-        """The events numbered above `number`, oldest first."""
+    def note(self, text: str) -> None:
+        with self._lock:
+            self._events.append((next(self._numbers), Note(text)))
+
+    def since(self, number: int = 0) -> list[tuple[int, Event | Note]]:
+        """The entries numbered above `number`, oldest first."""
         with self._lock:
             return [(n, event) for n, event in self._events if n > number]

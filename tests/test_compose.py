@@ -90,3 +90,13 @@ def test_the_license_pyproject_names_ships_with_the_code() -> None:
     assert 'license = "MIT"' in pyproject and 'license-files = ["LICENSE"]' in pyproject
     assert (ROOT / "LICENSE").read_text(encoding="utf-8").startswith("MIT License\n")
     assert "LICENSE" in (ROOT / "Dockerfile").read_text(encoding="utf-8")
+
+
+def test_a_page_beyond_loopback_gets_its_login_secret(services: dict[str, Any]) -> None:
+    """The demo's page listens on every interface inside its container: it then asks for a
+    login secret (at least 16 characters, from the environment), and the file provides one."""
+    demo = services["demo"]
+    assert "--allow-remote" in demo["command"]
+    secret = demo["environment"]["SYNCLANE_DASHBOARD_SECRET"]
+    default = secret.split(":-", 1)[1].rstrip("}") if secret.startswith("${") else secret
+    assert len(default) >= 16

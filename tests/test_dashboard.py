@@ -1,142 +1,37 @@
 """The dashboard (DESIGN §10): what /api/state shows, requeue through the page's POST, and the
 security model: loopback only, no proxies unless trusted, the Host must name the server, a
 requeue needs the page's token, a JSON body and a same-origin request, nothing is rendered from
-data on the server, and the DSN never leaves it."""
+data on the server, and the DSN never leaves it. The page is served from a thread here;
+tests/test_dashboard_attacks.py attacks it as a process of its own."""
 
 from __future__ import annotations
 
-import http.client
 import json
 import re
-import threading
 from collections.abc import Iterator
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 import psycopg
 import pytest
-from psycopg import sql
-from psycopg.rows import dict_row
-
-from synclane import ConfigError, Job, Owner, Page, SyncLane
-from synclane.dashboard import DashboardServer, is_loopback, make_server, serve
-
-DAY = timedelta(days=1)
-OWNERS = [
-    Owner("acme-us", lane="acme"),
-    Owner("acme-eu", lane="acme"),
-    Owner("globex"),
-    Owner("initech"),
-]
-SCRIPT_ERROR = "RuntimeError: page 3 broken <script>alert(1)</script>"
-LONG_ERROR = "RuntimeError: order 97 not found\n" + "\n".join(
-    f'  File "shop.py", line {n}, in fetch' for n in range(1, 30)
+from dashboard_kit import (
+    LONG_ERROR,
+    SCRIPT_ERROR,
+    arrange,
+    arrange_shop,
+    call,
+    post_requeue,
+    row,
+    start,
+    statuses,
+    stop,
+    token_of,
 )
 
+from synclane import ConfigError, SyncLane
+from synclane.dashboard import DashboardServer, is_loopback, make_server, serve
 
-def done(job: Job) -> Page:
-    return Page(None)
-
-
-# -- arranging a shop with jobs in every state -----------------------------------------------
-
-
-def arrange_shop(app: SyncLane, db: psycopg.Connection) -> dict[str, int]:
-    """Queue 'shops' with four accounts (acme-us and acme-eu share the lane acme), each planned
-    two orders slices, a recurring refresh and a products snapshot; then, as a user with UPDATE
-    would: acme-us's newest slice failed with markup in its error, acme-eu's running, globex's
-    two slices abandoned and deferred with one cause, initech all completed. Returns their ids."""
-    queue = app.queue("shops")
-    queue.owners(lambda name: OWNERS)
-    queue.windowed("orders", horizon=60 * DAY, slice=30 * DAY, every=timedelta(minutes=15))(done)
-    queue.snapshot("products", every=DAY)(done)
-    app.plan()
-    acme_us = slices(db, app.schema, "acme-us")
-    acme_eu = slices(db, app.schema, "acme-eu")
-    globex = slices(db, app.schema, "globex")
-    ids = {
-        "failed": acme_us[0],
-        "running": acme_eu[0],
-        "abandoned": globex[0],
-        "deferred": globex[1],
-    }
-    arrange(db, app.schema, ids["failed"], status="failed", error=SCRIPT_ERROR, attempt_count=2)
-    db.execute(
-        sql.SQL(
-            "UPDATE {} SET status = 'running', leased_by = 'worker-1', cursor = '50', "
-            "lease_token = gen_random_uuid(), started_at = now(), "
-            "lease_expires_at = now() + interval '5 minutes' WHERE id = %s"
-        ).format(table(app.schema)),
-        [ids["running"]],
-    )
-    arrange(
-        db,
-        app.schema,
-        ids["abandoned"],
-        status="abandoned",
-        cursor="50",
-        attempt_count=6,
-        error="RuntimeError: order 41 not found",
-    )
-    arrange(db, app.schema, ids["deferred"], status="deferred", attempt_count=5, error=LONG_ERROR)
-    db.execute(
-        sql.SQL(
-            "UPDATE {} SET status = 'completed', processed_count = 200, completed_at = now() "
-            "WHERE owner = 'initech'"
-        ).format(table(app.schema))
-    )
-    return ids
-
-
-def table(schema: str) -> sql.Composed:
-    return sql.SQL("{}.jobs").format(sql.Identifier(schema))
-
-
-def slices(db: psycopg.Connection, schema: str, owner: str) -> list[int]:
-    """The owner's initial orders slices, newest first."""
-    query = sql.SQL(
-        "SELECT id FROM {} WHERE owner = %s AND type = 'orders' AND mode = 'initial' "
-        "ORDER BY window_start DESC"
-    ).format(table(schema))
-    return [row[0] for row in db.execute(query, [owner]).fetchall()]
-
-
-def arrange(db: psycopg.Connection, schema: str, job_id: int, **values: object) -> None:
-    assignments = sql.SQL(", ").join(
-        sql.SQL("{} = %s").format(sql.Identifier(column)) for column in values
-    )
-    db.execute(
-        sql.SQL("UPDATE {} SET {} WHERE id = %s").format(table(schema), assignments),
-        [*values.values(), job_id],
-    )
-
-
-def row(db: psycopg.Connection, schema: str, job_id: int) -> dict[str, Any]:
-    with db.cursor(row_factory=dict_row) as cur:
-        found = cur.execute(
-            sql.SQL("SELECT * FROM {} WHERE id = %s").format(table(schema)), [job_id]
-        ).fetchone()
-    assert found is not None
-    return found
-
-
-def statuses(db: psycopg.Connection, schema: str) -> dict[int, str]:
-    query = sql.SQL("SELECT id, status FROM {}").format(table(schema))
-    return dict(db.execute(query).fetchall())
-
-
-# -- a running server and a client that sends exactly the headers given -----------------------
-
-
-def start(app: SyncLane, **options: Any) -> DashboardServer:
-    server = make_server(app, port=0, **options)
-    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
-    return server
-
-
-def stop(server: DashboardServer) -> None:
-    server.shutdown()
-    server.server_close()
+SECRET = "a-login-secret-for-tests-only"
 
 
 @pytest.fixture
@@ -149,71 +44,6 @@ def server(app: SyncLane, shop: dict[str, int]) -> Iterator[DashboardServer]:
     running = start(app)
     yield running
     stop(running)
-
-
-class Answer:
-    def __init__(self, response: http.client.HTTPResponse) -> None:
-        self.status = response.status
-        self.headers = response.headers
-        self.text = response.read().decode()
-
-    def json(self) -> Any:
-        return json.loads(self.text)
-
-
-def call(
-    server: DashboardServer,
-    method: str,
-    path: str,
-    body: bytes | None = None,
-    headers: dict[str, str] | None = None,
-    host: str | None = "default",
-) -> Answer:
-    """One request; Host is the server's own address unless given (None: no Host at all)."""
-    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
-    try:
-        conn.putrequest(method, path, skip_host=True, skip_accept_encoding=True)
-        if host == "default":
-            host = f"127.0.0.1:{server.port}"
-        if host is not None:
-            conn.putheader("Host", host)
-        for name, value in (headers or {}).items():
-            conn.putheader(name, value)
-        if body is not None:
-            conn.putheader("Content-Length", str(len(body)))
-        conn.endheaders(body)
-        return Answer(conn.getresponse())
-    finally:
-        conn.close()
-
-
-def token_of(server: DashboardServer) -> str:
-    page = call(server, "GET", "/")
-    found = re.search(r'<meta name="synclane-token" content="([^"]+)">', page.text)
-    assert found is not None
-    return found.group(1)
-
-
-def post_requeue(
-    server: DashboardServer,
-    body: dict[str, Any],
-    *,
-    token: str | None = None,
-    headers: dict[str, str] | None = None,
-) -> Answer:
-    """A requeue as the page sends it, with changes given in `headers` (a None value drops one)."""
-    sent = {
-        "Content-Type": "application/json",
-        "X-Synclane-Token": token if token is not None else token_of(server),
-        "Origin": f"http://127.0.0.1:{server.port}",
-        "Sec-Fetch-Site": "same-origin",
-    }
-    for name, value in (headers or {}).items():
-        if value is None:
-            sent.pop(name, None)
-        else:
-            sent[name] = value
-    return call(server, "POST", "/api/requeue", json.dumps(body).encode(), sent)
 
 
 # -- what the page shows ----------------------------------------------------------------------
@@ -229,7 +59,7 @@ def test_the_state_shows_lanes_jobs_progress_and_failures(
     assert state["queues"] == ["shops"]
     assert state["requeue_statuses"] == ["failed", "deferred", "abandoned"]
 
-    lanes = {lane["lane"]: lane for lane in state["lanes"]}
+    lanes = {lane["lane"]: lane for lane in state["lanes"]["rows"]}
     assert set(lanes) == {"acme", "globex"}  # initech has nothing open
     acme = lanes["acme"]
     assert (acme["job_id"], acme["owner"], acme["type"]) == (shop["running"], "acme-eu", "orders")
@@ -250,20 +80,30 @@ def test_the_state_shows_lanes_jobs_progress_and_failures(
     assert jobs[shop["deferred"]]["error"] == LONG_ERROR
     assert "lease_token" not in failed
 
-    progress = {(p["owner"], p["type"]): p for p in state["progress"]}
-    assert {owner for owner, _ in progress} == {"acme-us", "acme-eu", "globex", "initech"}
-    initech = progress[("initech", "orders")]
-    assert (initech["queue"], initech["slices_total"], initech["slices_completed"]) == (
-        "shops",
-        2,
-        2,
-    )
-    assert initech["percent"] == 100.0 and initech["coverage_start"] is not None
-    assert progress[("globex", "orders")]["slices_failed"] == 2
-    assert progress[("globex", "orders")]["coverage_start"] is None
+    # The accounts that need a look, worst first: globex's slices stopped, acme-us's failed;
+    # then the first loads still waiting. initech loaded everything: it needs no look.
+    accounts = state["accounts"]
+    assert accounts["total"] == len(accounts["rows"]) == 6
+    worst = [(a["owner"], a["type"], a["state"]) for a in accounts["rows"][:2]]
+    assert worst == [("globex", "orders", "abandoned"), ("acme-us", "orders", "failing")]
+    globex = accounts["rows"][0]
+    assert (globex["queue"], globex["slices_total"], globex["slices_failed"]) == ("shops", 2, 2)
+    assert globex["loaded_from"] is None and globex["abandoned"] == 1
+    assert "initech" not in {a["owner"] for a in accounts["rows"]}
+    # ... and any account is found by its name, loaded ones included.
+    found = call(server, "GET", "/api/accounts?search=initech").json()["rows"]
+    initech = {a["type"]: a for a in found}
+    assert set(initech) == {"orders", "products"}
+    orders = initech["orders"]
+    assert (orders["state"], orders["slices_total"], orders["slices_completed"]) == ("loaded", 2, 2)
+    assert orders["percent"] == 100.0 and orders["loaded_from"] is not None
+    assert orders["records"] == 400
 
-    [cause] = [f for f in state["failures"] if f["cause"] == "RuntimeError: order <n> not found"]
+    failures = state["failures"]["rows"]
+    [cause] = [f for f in failures if f["cause"] == "RuntimeError: order <n> not found"]
     assert (cause["jobs"], cause["owners"]) == (2, ["globex"])
+    assert re.fullmatch(r"[0-9a-f]{8}", cause["cause_id"])
+    assert cause["example"] in ("RuntimeError: order 41 not found", LONG_ERROR)
     assert cause["statuses"] == ["abandoned", "deferred"]
     assert sorted(cause["job_ids"]) == sorted([shop["abandoned"], shop["deferred"]])
     assert datetime.fromisoformat(cause["first_seen"]).tzinfo is not None
@@ -279,7 +119,7 @@ def test_the_state_never_contains_the_dsn(
     assert app.dsn not in text and repr(app) not in text
     errors = [job["error"] for job in json.loads(text)["jobs"] if job["id"] == shop["failed"]]
     assert errors == ["OperationalError: connection to *** failed"]
-    for path in ("/", "/app.js", "/app.css"):
+    for path in ("/", "/app.js", "/style.css"):
         assert app.dsn not in call(server, "GET", path).text
 
 
@@ -292,14 +132,14 @@ def test_an_error_with_markup_is_data_and_the_page_renders_nothing_from_data(
     assert page.headers["Content-Type"] == "text/html; charset=utf-8"
     assert "alert" not in page.text and "acme" not in page.text
     # Only the page's own script, no inline one (the CSP forbids it anyway).
-    assert re.findall(r"<script[^>]*>", page.text) == ['<script src="/app.js" defer>']
+    assert re.findall(r"<script[^>]*>", page.text) == ['<script src="app.js" defer>']
     script = call(server, "GET", "/app.js")
     assert script.headers["Content-Type"] == "text/javascript; charset=utf-8"
     for sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval("):
         assert sink not in script.text
 
 
-@pytest.mark.parametrize("path", ["/", "/app.js", "/app.css", "/api/state", "/nowhere"])
+@pytest.mark.parametrize("path", ["/", "/app.js", "/style.css", "/api/state", "/nowhere"])
 def test_every_answer_carries_the_security_headers(server: DashboardServer, path: str) -> None:
     answer = call(server, "GET", path)
     policy = answer.headers["Content-Security-Policy"]
@@ -479,7 +319,7 @@ def test_a_request_through_a_proxy_is_refused_unless_the_proxy_is_trusted(
     answer = call(server, "GET", path, headers=header)
     assert answer.status == 403
     assert "--trust-proxy" in answer.json()["error"]
-    trusting = start(app, trust_proxy=True)
+    trusting = start(app, trust_proxy=True, public_hosts=["dash.example.com"])
     try:
         assert call(trusting, "GET", path, headers=header).status == 200
     finally:
@@ -498,7 +338,7 @@ def test_a_proxied_requeue_is_refused_before_anything_changes(
 def test_a_trusted_proxy_may_requeue_for_its_public_origin(
     app: SyncLane, db: psycopg.Connection, shop: dict[str, int]
 ) -> None:
-    server = start(app, trust_proxy=True)
+    server = start(app, trust_proxy=True, public_hosts=["dash.example.com"])
     try:
         headers = {
             "X-Forwarded-For": "203.0.113.9",
@@ -538,16 +378,44 @@ def test_the_loopback_names_of_the_server_are_accepted(server: DashboardServer, 
     assert call(server, "GET", "/api/state", host=host.format(port=server.port)).status == 200
 
 
-def test_allow_remote_lifts_the_host_check(app: SyncLane, shop: dict[str, int]) -> None:
+def test_allow_remote_keeps_the_host_check_and_public_hosts_name_the_server(
+    app: SyncLane, shop: dict[str, int]
+) -> None:
+    """Issue 20 item 1: the Host check stays on with --allow-remote (DNS rebinding); the names
+    the page is reached by are listed with --public-host."""
     server = start(app, allow_remote=True)
     try:
+        assert call(server, "GET", "/api/state", host="dash.example.com").status == 403
+    finally:
+        stop(server)
+    server = start(app, allow_remote=True, public_hosts=["dash.example.com"])
+    try:
         assert call(server, "GET", "/api/state", host="dash.example.com").status == 200
-        # ... but a requeue must still come from the origin the browser shows.
+        assert call(server, "GET", "/api/state", host="evil.example").status == 403
+        # ... and a requeue must still come from the origin the browser shows.
         headers = {"Origin": "http://evil.example"}
         refused = post_requeue(server, {"queue": "shops", "all": True}, headers=headers)
         assert refused.status == 403
     finally:
         stop(server)
+
+
+def test_a_trusted_proxy_forwarding_an_unknown_host_is_refused(
+    app: SyncLane, shop: dict[str, int]
+) -> None:
+    server = start(app, trust_proxy=True, public_hosts=["dash.example.com"])
+    try:
+        headers = {"X-Forwarded-For": "203.0.113.9", "X-Forwarded-Host": "evil.example"}
+        answer = call(server, "GET", "/api/state", headers=headers)
+        assert answer.status == 403 and "Host" in answer.json()["error"]
+    finally:
+        stop(server)
+
+
+@pytest.mark.parametrize("hosts", [["http://dash.example.com"], ["dash.example.com:x"], [""], [7]])
+def test_a_malformed_public_host_is_a_config_error(app: SyncLane, hosts: list[Any]) -> None:
+    with pytest.raises(ConfigError, match="--public-host"):
+        make_server(app, port=0, public_hosts=hosts)
 
 
 @pytest.mark.parametrize("host", ["0.0.0.0", "::", "", "192.0.2.10", "8.8.8.8"])
@@ -558,8 +426,15 @@ def test_listening_beyond_loopback_needs_allow_remote(app: SyncLane, host: str) 
         serve(app, host=host, port=0)
 
 
+@pytest.mark.parametrize("secret", [None, "short", "   "])
+def test_listening_beyond_loopback_needs_a_login_secret(app: SyncLane, secret: str | None) -> None:
+    """Issue 20 item 2: a page other machines can reach asks for a credential."""
+    with pytest.raises(ConfigError, match="SYNCLANE_DASHBOARD_SECRET"):
+        make_server(app, host="0.0.0.0", port=0, allow_remote=True, login_secret=secret)
+
+
 def test_allow_remote_binds_every_address(app: SyncLane) -> None:
-    server = make_server(app, host="0.0.0.0", port=0, allow_remote=True)
+    server = make_server(app, host="0.0.0.0", port=0, allow_remote=True, login_secret=SECRET)
     try:
         assert server.port != 0 and server.url == f"http://127.0.0.1:{server.port}/"
     finally:
@@ -615,3 +490,34 @@ def test_the_page_works_with_port_zero(server: DashboardServer) -> None:
     assert server.port != 0
     assert server.url == f"http://127.0.0.1:{server.port}/"
     assert call(server, "GET", "/").status == 200
+
+
+def test_the_page_hides_short_passwords_sslpasswords_and_any_written_password(
+    dsn: str, schema: str, db: psycopg.Connection
+) -> None:
+    """Issue 20 item 6, the page's own masking: a password of 3 characters where it stands
+    alone (not inside other words), the sslpassword, and any password a text writes out."""
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    params = {k: v for k, v in conninfo_to_dict(dsn).items() if k != "password"}
+    secret_dsn = make_conninfo("", **params, password="abc", sslpassword="ssl-secret-99")
+    app = SyncLane(secret_dsn, schema=schema)
+    app.queue("shops").snapshot("products", every=3600)(lambda job: None)  # type: ignore[arg-type,return-value]
+    job_id = app.enqueue("shops", "acme", "products")
+    error = (
+        "RuntimeError: login abc refused (abcdef kept); key ssl-secret-99; "
+        "dsn host=h password='p w' port=5; url postgresql://u:hunter2@h/db"
+    )
+    arrange(db, schema, job_id, status="failed", error=error)
+    server = start(app)
+    try:
+        text = call(server, "GET", "/api/state").text
+    finally:
+        stop(server)
+        app.close()
+    [shown] = [job["error"] for job in json.loads(text)["jobs"]]
+    assert shown == (
+        "RuntimeError: login *** refused (abcdef kept); key ***; "
+        "dsn host=h password=*** port=5; url postgresql://u:***@h/db"
+    )
+    assert "ssl-secret-99" not in text and "hunter2" not in text

@@ -1,5 +1,7 @@
-"""The dashboard in a real headless Chromium: it loads, shows the four accounts, shows an error
-with markup in it as text, and a Requeue button changes the row in the database and on the page.
+"""The dashboard in a real headless Chromium: it loads, shows the accounts worst first, shows an
+error with markup in it as text, a Requeue button changes the row in the database and on the
+page, the events panel tells what happened, the page says when its server stopped, and the
+login works where the browser matters (an HttpOnly cookie).
 
 Runs Debian's /usr/bin/chromium through the PyPI `playwright` package (`apt-get install -y
 chromium`, `pip install playwright`). Never `playwright install`: it downloads a browser of its
@@ -8,16 +10,18 @@ own, which fails without a network."""
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
-from test_dashboard import LONG_ERROR, SCRIPT_ERROR, arrange_shop, row, start, stop
+from dashboard_kit import LONG_ERROR, SCRIPT_ERROR, arrange, arrange_shop, row, start, stop
 
 from synclane import SyncLane
 from synclane.dashboard import DashboardServer
+from synclane.events import Event, EventLog
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARGS = [
@@ -77,30 +81,50 @@ def seen() -> Seen:
 
 
 @pytest.fixture
-def page(browser: Any, server: DashboardServer, seen: Seen) -> Iterator[Any]:
-    """The dashboard, loaded, with every dialog and script error recorded in `seen`."""
-    context = browser.new_context()
-    tab = context.new_page()
+def open_tab(browser: Any, seen: Seen) -> Iterator[Callable[[str], Any]]:
+    """Opens a URL in a fresh browser context, recording every dialog and script error."""
+    contexts = []
 
-    def dialog_opened(dialog: Any) -> None:
-        seen.dialogs.append(dialog.message)
-        dialog.dismiss()
+    def opened(url: str) -> Any:
+        context = browser.new_context()
+        contexts.append(context)
+        tab = context.new_page()
 
-    tab.on("dialog", dialog_opened)
-    tab.on("pageerror", lambda error: seen.errors.append(str(error)))
-    tab.goto(server.url)
+        def dialog_opened(dialog: Any) -> None:
+            seen.dialogs.append(dialog.message)
+            dialog.dismiss()
+
+        tab.on("dialog", dialog_opened)
+        tab.on("pageerror", lambda error: seen.errors.append(str(error)))
+        tab.goto(url)
+        return tab
+
+    yield opened
+    for context in contexts:
+        context.close()
+
+
+@pytest.fixture
+def page(open_tab: Callable[[str], Any], server: DashboardServer) -> Any:
+    """The dashboard, loaded."""
+    tab = open_tab(server.url)
     tab.wait_for_selector("#jobs tbody tr")
-    yield tab
-    context.close()
+    return tab
 
 
-def test_the_page_shows_the_four_accounts_and_the_lanes(
+def test_the_page_shows_the_accounts_worst_first_and_the_lanes(
     page: Any, seen: Seen, shop: dict[str, int]
 ) -> None:
     from playwright.sync_api import expect
 
-    accounts = page.locator("#progress tbody tr.first strong")
-    expect(accounts).to_have_text(["acme-eu", "acme-us", "globex", "initech"])
+    accounts = page.locator("#accounts tbody tr.first strong")
+    expect(accounts.first).to_have_text("globex")
+    expect(page.locator("#accounts tbody tr").first.locator("td.state")).to_have_text("abandoned")
+    # a loaded account needs no look; the search finds it
+    expect(page.locator('#accounts tr[data-owner="initech"]')).to_have_count(0)
+    page.locator("#account-search").fill("init")
+    expect(accounts).to_have_text(["initech"])
+    expect(page.locator('#accounts tr[data-owner="initech"] td.state').first).to_have_text("loaded")
     acme = page.locator('#lanes tbody tr[data-lane="acme"]')
     expect(acme).to_contain_text(f"#{shop['running']} orders for acme-eu")
     expect(acme).to_contain_text("worker-1")
@@ -180,3 +204,164 @@ def test_requeue_all_stopped_jobs(
     expect(page.locator("#requeue-all")).to_be_disabled()
     for name in ("failed", "abandoned", "deferred"):
         assert row(db, app.schema, shop[name])["status"] == "pending"
+
+
+def test_an_error_wraps_between_words(page: Any, shop: dict[str, int]) -> None:
+    cell = page.locator(f'#jobs tr[data-job-id="{shop["failed"]}"] td.error')
+    style = cell.evaluate(
+        "node => [getComputedStyle(node).overflowWrap, getComputedStyle(node).wordBreak]"
+    )
+    assert style == ["break-word", "normal"]
+
+
+def test_a_cause_shows_its_id_and_a_real_error(page: Any, shop: dict[str, int]) -> None:
+    from playwright.sync_api import expect
+
+    cause = page.locator('#failures tr[data-cause="RuntimeError: order <n> not found"]')
+    cause_id = cause.get_attribute("data-cause-id")
+    assert cause_id is not None and len(cause_id) == 8
+    expect(cause.locator("td").first).to_contain_text("id " + cause_id)
+    expect(cause.locator("td").nth(1)).to_contain_text("RuntimeError: order ")
+    expect(cause.locator("td").nth(1)).not_to_contain_text("<n>")
+
+
+@pytest.fixture
+def more(app: SyncLane, db: psycopg.Connection, shop: dict[str, int]) -> dict[str, int]:
+    """Beside the shop: acme-us's second slice failed with a throttle and retries in a minute;
+    the running acme-eu slice still carries its previous attempt's throttle."""
+    from dashboard_kit import slices
+
+    soon = slices(db, app.schema, "acme-us")[1]
+    arrange(
+        db,
+        app.schema,
+        soon,
+        status="failed",
+        error="RuntimeError: 503 from the shop",
+        next_run_at=datetime.now(UTC) + timedelta(seconds=90),
+    )
+    arrange(db, app.schema, shop["running"], error="Throttled: 429 Too Many Requests")
+    return {**shop, "soon": soon}
+
+
+def test_requeue_is_offered_only_where_a_human_must_act(
+    open_tab: Callable[[str], Any], app: SyncLane, more: dict[str, int]
+) -> None:
+    from playwright.sync_api import expect
+
+    server = start(app)
+    try:
+        tab = open_tab(server.url)
+        tab.wait_for_selector("#jobs tbody tr")
+        for name in ("failed", "abandoned", "deferred"):  # far retry, waiting for a human
+            expect(
+                tab.locator(f'#jobs tr[data-job-id="{more[name]}"] button.requeue')
+            ).to_have_count(1)
+        for name in ("soon", "running"):  # retries by itself in 90 s; runs
+            expect(
+                tab.locator(f'#jobs tr[data-job-id="{more[name]}"] button.requeue')
+            ).to_have_count(0)
+        soon = tab.locator('#failures tr[data-cause="RuntimeError: <n> from the shop"]')
+        expect(soon.locator("button.requeue")).to_have_count(0)
+        expect(soon).to_contain_text("retries by itself")
+        running = tab.locator(f'#jobs tr[data-job-id="{more["running"]}"] td.error')
+        expect(running).to_have_text("previous attempt: Throttled: 429 Too Many Requests")
+    finally:
+        stop(server)
+
+
+def test_the_page_says_when_its_server_stopped_and_turns_its_buttons_off(
+    open_tab: Callable[[str], Any], app: SyncLane, shop: dict[str, int]
+) -> None:
+    from playwright.sync_api import expect
+
+    server = start(app)
+    tab = open_tab(server.url)
+    tab.wait_for_selector("#jobs tbody tr button.requeue")
+    expect(tab.locator("#offline")).to_be_hidden()
+    stop(server)
+    expect(tab.locator("#offline")).to_be_visible(timeout=10_000)
+    expect(tab.locator("#offline")).to_contain_text("not answering")
+    expect(tab.locator("#offline")).to_contain_text("The buttons are off")
+    expect(tab.locator("#health")).to_have_text("not answering")
+    buttons = tab.locator("button.requeue")
+    assert buttons.count() >= 4
+    for n in range(buttons.count()):
+        expect(buttons.nth(n)).to_be_disabled()
+
+
+def event(kind: str, owner: str, **values: Any) -> Event:
+    fields: dict[str, Any] = {
+        "queue": "shops",
+        "job_id": 7,
+        "owner": owner,
+        "lane": owner,
+        "type": "orders",
+        "mode": "initial",
+        "worker": "host:1",
+        "window_start": datetime(2026, 1, 1, tzinfo=UTC),
+        "window_end": datetime(2026, 1, 31, tzinfo=UTC),
+    }
+    return Event(kind=kind, **{**fields, **values})  # type: ignore[arg-type]
+
+
+def test_the_events_panel_tells_what_happened_newest_first(
+    open_tab: Callable[[str], Any], app: SyncLane, seen: Seen, shop: dict[str, int]
+) -> None:
+    from playwright.sync_api import expect
+
+    until = datetime(2026, 1, 1, 12, 3, 5, tzinfo=UTC)
+    log = EventLog()
+    log.append(event("throttled", "acme-us", lane="acme", error="Throttled: 429", until=until))
+    log.append(event("failed", "globex", error="RuntimeError: 503", until=until, attempt=1))
+    server = start(app, events=log)
+    try:
+        tab = open_tab(server.url)
+        lines = tab.locator("#event-lines li")
+        expect(lines).to_have_count(2)
+        expect(lines.nth(0)).to_contain_text(
+            "orders 2026-01-01 → 2026-01-31 for globex failed (RuntimeError: 503); "
+            "retry at 12:03:05 UTC"
+        )
+        expect(lines.nth(1)).to_contain_text("lane acme throttled until 12:03:05 UTC")
+        hostile = "<img src=x onerror=alert(1)>"
+        log.append(event("abandoned", hostile, error="RuntimeError: <b>broken</b>", attempt=6))
+        log.append(event("first_load_finished", "initech"))
+        expect(lines).to_have_count(4)
+        expect(lines.nth(0)).to_contain_text("first load of orders for initech finished")
+        expect(lines.nth(1)).to_contain_text(f"for {hostile} abandoned (RuntimeError: <b>broken")
+        assert tab.locator("#event-lines img").count() == 0
+        assert seen.dialogs == [] and seen.errors == []
+    finally:
+        stop(server)
+
+
+def test_without_an_event_log_the_panel_is_hidden(page: Any) -> None:
+    from playwright.sync_api import expect
+
+    expect(page.locator("#events")).to_be_hidden()
+
+
+def test_the_login_gives_an_httponly_cookie(
+    open_tab: Callable[[str], Any], app: SyncLane, shop: dict[str, int]
+) -> None:
+    from playwright.sync_api import expect
+
+    server = start(app, login_secret="a-secret-for-the-browser-test")
+    try:
+        tab = open_tab(server.url)
+        expect(tab).to_have_url(server.url + "login")
+        tab.locator("#secret").fill("not the secret at all")
+        tab.locator("#login").click()
+        expect(tab.locator("#notice")).to_have_text("that is not the login secret")
+        tab.locator("#secret").fill("a-secret-for-the-browser-test")
+        tab.locator("#secret").press("Enter")
+        expect(tab).to_have_url(server.url)
+        tab.wait_for_selector("#jobs tbody tr")
+        assert "synclane_session" not in tab.evaluate("document.cookie")  # HttpOnly
+        [cookie] = tab.context.cookies()
+        assert (cookie["httpOnly"], cookie["sameSite"]) == (True, "Strict")
+        tab.locator("#logout").click()
+        expect(tab).to_have_url(server.url + "login")
+    finally:
+        stop(server)

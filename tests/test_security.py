@@ -21,9 +21,9 @@ from urllib.parse import quote
 
 import psycopg
 import pytest
+from dashboard_kit import call, start, stop
 from psycopg import errors, sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
-from test_dashboard import call, start, stop
 from workers import job_row
 
 from synclane import (
