@@ -36,8 +36,20 @@ CREATE TABLE IF NOT EXISTS "synclane".jobs (
     started_at timestamptz,
     heartbeat_at timestamptz,
     completed_at timestamptz,
+    stalls integer NOT NULL DEFAULT 0,
+    lane_slot smallint NOT NULL DEFAULT 0,
+    queue_slot integer,
     CHECK (window_start IS NULL OR window_end IS NULL OR window_start < window_end)
 );
+
+-- Columns added since version 2 (a table created by an older synclane gets them here):
+-- stalls: how many times in a row the job was handed back with its page abandoned before it
+-- ended and no page saved (a page longer than every worker's time budget would never finish);
+-- lane_slot, queue_slot: the numbered slot a running job holds in its lane (0 in a lane one wide)
+-- and in its queue (only when the queue has max_running).
+ALTER TABLE "synclane".jobs ADD COLUMN IF NOT EXISTS stalls integer NOT NULL DEFAULT 0;
+ALTER TABLE "synclane".jobs ADD COLUMN IF NOT EXISTS lane_slot smallint NOT NULL DEFAULT 0;
+ALTER TABLE "synclane".jobs ADD COLUMN IF NOT EXISTS queue_slot integer;
 
 -- The cause of an error: its first line with UUIDs, hex strings and numbers masked, so that
 -- "order 41 not found" and "order 97 not found" are one cause. Used by failures() and
@@ -55,9 +67,25 @@ $$;
 CREATE UNIQUE INDEX IF NOT EXISTS jobs_dedup_key
     ON "synclane".jobs (queue, owner, type, dedup_key);
 
--- A lane is exclusive: at most one running job per queue and lane, across every process.
+-- A lane is exclusive: at most lane_width running jobs per queue and lane, across every process,
+-- each in a slot of its own (one slot, 0, in a lane one wide). Version 2's index knew no slots: it
+-- is replaced in place.
+DO $migrate$
+BEGIN
+    IF EXISTS (SELECT FROM pg_indexes
+               WHERE schemaname = 'synclane' AND indexname = 'jobs_running_lane'
+                 AND indexdef NOT LIKE '%lane_slot%') THEN
+        DROP INDEX "synclane".jobs_running_lane;
+    END IF;
+END
+$migrate$;
 CREATE UNIQUE INDEX IF NOT EXISTS jobs_running_lane
-    ON "synclane".jobs (queue, lane) WHERE status = 'running';
+    ON "synclane".jobs (queue, lane, lane_slot) WHERE status = 'running';
+
+-- A queue with max_running runs at most that many jobs at once, across every process: each
+-- running job of it holds a numbered slot of the queue.
+CREATE UNIQUE INDEX IF NOT EXISTS jobs_running_queue_slot
+    ON "synclane".jobs (queue, queue_slot) WHERE status = 'running' AND queue_slot IS NOT NULL;
 
 -- Taking a job reads only open rows, whatever the size of the history.
 -- In taking order, for the common case where the best job's lane is free.
@@ -125,8 +153,66 @@ CREATE INDEX IF NOT EXISTS jobs_unfinished
     ON "synclane".jobs (queue, status, owner, type)
     WHERE status IN ('pending', 'running', 'failed', 'deferred', 'abandoned');
 
--- How many times in a row the job was handed back with its page abandoned before it ended and
--- no page saved: a page longer than every worker's time budget would otherwise never finish.
-ALTER TABLE "synclane".jobs ADD COLUMN IF NOT EXISTS stalls integer NOT NULL DEFAULT 0;
+-- Queues an operator paused (app.pause): nothing new is taken from them, in any process, and a
+-- running job stops at its next page boundary; planning goes on.
+CREATE TABLE IF NOT EXISTS "synclane".queue_pauses (
+    queue text PRIMARY KEY,
+    paused_at timestamptz NOT NULL DEFAULT now(),
+    paused_by text NOT NULL,
+    reason text NOT NULL
+);
+
+-- Rate limits: at most `count` page starts per lane in any `period` (app.queue(lane_rate=...)),
+-- decided on the database clock and shared by every process. A queue's rate, or one lane's, may
+-- be changed without a deploy (app.set_lane_rate): queue_rates and lanes.rate_* hold those.
+CREATE TABLE IF NOT EXISTS "synclane".queue_rates (
+    queue text PRIMARY KEY,
+    rate_count integer NOT NULL CHECK (rate_count > 0),
+    rate_period interval NOT NULL CHECK (rate_period > interval '0')
+);
+ALTER TABLE "synclane".lanes ADD COLUMN IF NOT EXISTS rate_count integer CHECK (rate_count > 0);
+ALTER TABLE "synclane".lanes ADD COLUMN IF NOT EXISTS rate_period interval
+    CHECK (rate_period > interval '0');
+-- the newest page starts of the lane (at most rate_count of them), oldest first: a sliding window
+ALTER TABLE "synclane".lanes ADD COLUMN IF NOT EXISTS starts timestamptz[] NOT NULL DEFAULT '{}';
+
+-- A page start under a lane's rate: records `units` starts and returns 0 when the last period
+-- leaves room for them, else how many seconds until it will (and records nothing). With `force`
+-- it records them whatever the room (a page that made more calls than it announced). The lane's
+-- own rate, then its queue's, then the one given (the declared one) apply, in that order.
+CREATE OR REPLACE FUNCTION "synclane".lane_page_start(
+    queue_name text, lane_name text, declared_count integer, declared_period interval,
+    units integer, force boolean DEFAULT false
+) RETURNS double precision LANGUAGE plpgsql AS $start$
+DECLARE
+    allowed integer;
+    period interval;
+    kept timestamptz[];
+    held integer;
+BEGIN
+    INSERT INTO "synclane".lanes (queue, lane) VALUES (queue_name, lane_name)
+    ON CONFLICT (queue, lane) DO NOTHING;
+    SELECT coalesce(l.rate_count, q.rate_count, declared_count),
+           coalesce(l.rate_period, q.rate_period, declared_period),
+           ARRAY(SELECT s FROM unnest(l.starts) s
+                 WHERE s > now() - coalesce(l.rate_period, q.rate_period, declared_period)
+                 ORDER BY s)
+      INTO allowed, period, kept
+      FROM "synclane".lanes l
+      LEFT JOIN "synclane".queue_rates q ON q.queue = l.queue
+     WHERE l.queue = queue_name AND l.lane = lane_name
+       FOR UPDATE OF l;
+    held := coalesce(array_length(kept, 1), 0);
+    IF held + units > allowed AND NOT force THEN
+        -- room for `units` more once enough of the oldest starts have left the window
+        RETURN greatest(extract(epoch FROM kept[held + units - allowed] + period - now()), 0.001);
+    END IF;
+    kept := kept || ARRAY(SELECT now() FROM generate_series(1, units));
+    held := held + units;
+    UPDATE "synclane".lanes SET starts = kept[greatest(held - allowed, 0) + 1:held]
+     WHERE queue = queue_name AND lane = lane_name;
+    RETURN 0;
+END
+$start$;
 
 INSERT INTO "synclane".schema_version (version) VALUES (3) ON CONFLICT DO NOTHING;

@@ -16,7 +16,7 @@ import psycopg
 from synclane.connection import Database, check_dsn, redact
 from synclane.errors import DatabaseUnavailable, OwnerSourceError, SchemaError
 from synclane.events import Listener
-from synclane.model import ConfigError, Owner, QueueSettings, check_name, to_duration
+from synclane.model import ConfigError, Owner, QueueSettings, Rate, check_name, to_duration
 from synclane.operations import REQUEUE_STATUSES, Operations
 from synclane.owners import connected_owners
 from synclane.planner import Planner
@@ -115,8 +115,16 @@ class SyncLane(Reads):
         retry_max_delay: timedelta | float = timedelta(hours=1),
         throttle_base_delay: timedelta | float = timedelta(minutes=5),
         throttle_max_delay: timedelta | float = timedelta(minutes=30),
+        lane_width: int = 1,
+        max_running: int | None = None,
+        lane_rate: Rate | tuple[int, timedelta | float] | None = None,
     ) -> Queue:
-        """Declare a queue: its types and handlers are declared on the object returned."""
+        """Declare a queue: its types and handlers are declared on the object returned.
+
+        `lane_width`: at most this many jobs of one lane run at once, across every process.
+        `max_running`: at most this many jobs of the queue run at once, across every process.
+        `lane_rate`: at most this many page starts per lane per period, e.g. (2, 1) for two a
+        second (docs/flow-control.md)."""
         check_name("queue name", name)
         try:
             settings = QueueSettings(
@@ -127,6 +135,9 @@ class SyncLane(Reads):
                 retry_max_delay=retry_max_delay,  # type: ignore[arg-type]
                 throttle_base_delay=throttle_base_delay,  # type: ignore[arg-type]
                 throttle_max_delay=throttle_max_delay,  # type: ignore[arg-type]
+                lane_width=lane_width,
+                max_running=max_running,
+                lane_rate=lane_rate,  # type: ignore[arg-type]
             )
         except ConfigError as error:
             raise ConfigError(f"queue {name!r}: {error}") from None

@@ -24,6 +24,9 @@ MAX_DURATION = timedelta(days=36525)
 MAX_SLICES = 100_000
 # processed_count is a bigint.
 MAX_COUNT = 2**63 - 1
+# A lane's slot number is a smallint; a rate remembers its last `count` starts per lane.
+MAX_LANE_WIDTH = 32_767
+MAX_RATE_COUNT = 10_000
 # The instants a window or a filter may name: a day inside Python's years on either side, so
 # that no conversion (a time zone, a day's arithmetic) leaves them.
 EARLIEST = datetime(1, 1, 2, tzinfo=UTC)
@@ -215,6 +218,43 @@ class Abandon(Exception):
 
 
 @dataclass(frozen=True)
+class Rate:
+    """At most `count` page starts per lane in any `per` (a sliding window on the database's
+    clock, shared by every process): `Rate(2, timedelta(seconds=1))`, or `(2, 1)`."""
+
+    count: int
+    per: timedelta
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.count, int) or isinstance(self.count, bool) or self.count < 1:
+            raise ConfigError(f"a rate's count={self.count!r:.50} must be a whole number >= 1")
+        if self.count > MAX_RATE_COUNT:
+            raise ConfigError(
+                f"a rate's count={self.count} is over {MAX_RATE_COUNT:,} starts per period; "
+                "use a shorter period"
+            )
+        object.__setattr__(self, "per", to_duration("a rate's period", self.per))
+
+    @classmethod
+    def of(cls, setting: str, value: object) -> Rate | None:
+        """None, a Rate, or a (count, period) pair as a Rate; a ConfigError naming `setting`."""
+        if value is None or isinstance(value, Rate):
+            return value
+        if isinstance(value, tuple | list) and len(value) == 2:
+            try:
+                return cls(value[0], value[1])
+            except ConfigError as error:
+                raise ConfigError(f"{setting}: {error}") from None
+        raise ConfigError(
+            f"{setting}={value!r:.100} must be a Rate or a (count, period) pair, e.g. "
+            "(2, timedelta(seconds=1)) for 2 page starts a second per lane"
+        )
+
+    def __str__(self) -> str:
+        return f"{self.count} per {self.per}"
+
+
+@dataclass(frozen=True)
 class QueueSettings:
     concurrency: int = 1
     max_attempts: int = 5
@@ -223,12 +263,25 @@ class QueueSettings:
     retry_max_delay: timedelta = timedelta(hours=1)
     throttle_base_delay: timedelta = timedelta(minutes=5)
     throttle_max_delay: timedelta = timedelta(minutes=30)
+    lane_width: int = 1
+    max_running: int | None = None
+    lane_rate: Rate | None = None
 
     def __post_init__(self) -> None:
-        for name in ("concurrency", "max_attempts"):
+        for name in ("concurrency", "max_attempts", "lane_width"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"{name}={value!r} must be a whole number >= 1")
+        if self.lane_width > MAX_LANE_WIDTH:
+            raise ConfigError(f"lane_width={self.lane_width} must be at most {MAX_LANE_WIDTH:,}")
+        running = self.max_running
+        if running is not None and (
+            not isinstance(running, int) or isinstance(running, bool) or running < 1
+        ):
+            raise ConfigError(
+                f"max_running={running!r} must be a whole number >= 1, or None for no cap"
+            )
+        object.__setattr__(self, "lane_rate", Rate.of("lane_rate", self.lane_rate))
         for name in (
             "lease_duration",
             "retry_base_delay",

@@ -64,8 +64,9 @@ SCHEMA_SQL = _read("schema.sql")
 
 
 def render(template: str, schema: str) -> sql.Composed:
-    """The schema goes in as a quoted identifier, never as text."""
-    return sql.SQL(template).format(schema=sql.Identifier(schema))
+    """The schema goes in as a quoted identifier ({schema}), or as a quoted string literal where
+    a statement compares it with a catalog's text ({schema_name}), never as bare text."""
+    return sql.SQL(template).format(schema=sql.Identifier(schema), schema_name=sql.Literal(schema))
 
 
 def schema_ddl(schema: str) -> str:

@@ -45,6 +45,8 @@ COLUMNS = {
     "heartbeat_at": "timestamp with time zone",
     "completed_at": "timestamp with time zone",
     "stalls": "integer",
+    "lane_slot": "smallint",
+    "queue_slot": "integer",
 }
 
 
@@ -284,8 +286,11 @@ def test_the_two_unique_indexes_exist(app, db, schema):
     definitions = sorted(row[0].split(" USING btree ")[1] for row in rows)
     assert definitions == [
         "(id)",  # the primary key
-        "(queue, lane) WHERE (status = 'running'::text)",
+        # a running job holds a slot of its lane (one slot, 0, in a lane one wide) ...
+        "(queue, lane, lane_slot) WHERE (status = 'running'::text)",
         "(queue, owner, type, dedup_key)",
+        # ... and of its queue, when the queue has max_running
+        "(queue, queue_slot) WHERE ((status = 'running'::text) AND (queue_slot IS NOT NULL))",
     ]
 
 

@@ -7,11 +7,14 @@
 -- serves the slots of one worker that ask at the same instant, in one statement and one commit:
 -- first completes each job in %(done_ids)s under its lease guard (its slot has just finished it),
 -- then takes one job for each completion that went through and for each of %(plain)s slots that
--- asked with nothing to complete. It takes the best due jobs of distinct free lanes from the
--- front of the line and marks them running under fresh lease tokens. Two takers of one lane may
--- both pass this query, and the running-lane index lets only one of them commit: the other gets
--- a unique violation, its completions roll back with it, and it asks again. One row always comes
--- back; every row carries the ids completed, and a taken job's columns (NULL when none).
+-- asked with nothing to complete. It takes the best due jobs of distinct lanes with room (fewer
+-- than %(lane_width)s running) from the front of the line, none while the queue is paused and no
+-- more than the queue's %(max_running)s allows, and marks them running under the worker's own
+-- lease tokens, each in a free slot of its lane (and of its queue, under a cap). Two takers of one
+-- slot may both pass this query; the running-lane index (or the queue-slot index) lets only one of
+-- them commit: the other gets a unique violation, its completions roll back with it, and it asks
+-- again. One row always comes back; every row carries the ids completed, and a taken job's
+-- columns (NULL when none).
 WITH done AS (
     UPDATE {schema}.jobs j
     SET status = 'completed', processed_count = j.processed_count + d.count, error = NULL,
@@ -22,18 +25,27 @@ WITH done AS (
     WHERE j.id = d.id AND j.lease_token = d.token AND j.status = 'running'
     RETURNING j.id
 ),
-busy AS MATERIALIZED (
-    -- the jobs completed above no longer hold their lanes: their next jobs may be taken at once
-    SELECT lane FROM {schema}.jobs
+running AS MATERIALIZED (
+    -- the jobs completed above no longer run: their slots are free at once
+    SELECT lane, lane_slot, queue_slot FROM {schema}.jobs
     WHERE queue = %(queue)s AND status = 'running' AND id <> ALL (%(done_ids)s::bigint[])
+),
+busy AS MATERIALIZED (
+    SELECT lane FROM running GROUP BY lane HAVING count(*) >= %(lane_width)s
     UNION ALL
     -- a page may still be in flight under a live lease of a job that stopped running
     SELECT lane FROM {schema}.jobs
     WHERE queue = %(queue)s AND status <> 'running' AND lease_token IS NOT NULL
       AND lease_expires_at > now()
 ),
+room AS (
+    SELECT CASE WHEN EXISTS (SELECT FROM {schema}.queue_pauses WHERE queue = %(queue)s) THEN 0
+                WHEN %(max_running)s::int IS NULL THEN %(plain)s::int + (SELECT count(*) FROM done)
+                ELSE least(%(plain)s::int + (SELECT count(*) FROM done),
+                           %(max_running)s::int - (SELECT count(*) FROM running)) END AS slots
+),
 front AS (
-    -- the best job of each free lane among the first %(front)s in taking order
+    -- the best job of each lane with room among the first %(front)s in taking order
     SELECT DISTINCT ON (f.lane) f.id FROM (
         SELECT id, lane, next_run_at, priority, window_start FROM {schema}.jobs
         WHERE queue = %(queue)s AND status IN ('pending', 'failed')
@@ -44,23 +56,42 @@ front AS (
     ORDER BY f.lane, f.priority, f.window_start DESC NULLS LAST, f.id
 ),
 taken AS (
-    -- the limit reads the completions first, so they have freed their lanes in the
-    -- running-lane index before any job of the same lane is marked running
-    SELECT j.id, j.status FROM {schema}.jobs j
+    -- the limit reads the completions first, so they have freed their slots in the running-lane
+    -- index before any job of the same lane is marked running
+    SELECT j.id, j.status, j.lane FROM {schema}.jobs j
     WHERE j.id = ANY (ARRAY(SELECT id FROM front)) AND j.status IN ('pending', 'failed')
     ORDER BY j.priority, j.window_start DESC NULLS LAST, j.id
-    LIMIT (SELECT %(plain)s::int + count(*) FROM done)
+    LIMIT (SELECT greatest(slots, 0) FROM room)
     FOR UPDATE SKIP LOCKED
+),
+numbered AS (
+    SELECT id, status, lane, row_number() OVER () AS n FROM taken
+),
+free_queue_slots AS (
+    -- free slots of the queue in a random order, so that takers of several processes seldom
+    -- choose the same one (the lowest running + taken numbers hold enough free ones)
+    SELECT s, row_number() OVER (ORDER BY random()) AS n
+    FROM generate_series(0, least(coalesce(%(max_running)s::int, 0),
+                                  (SELECT count(*) FROM running) + (SELECT count(*) FROM taken))
+                            - 1) s
+    WHERE s NOT IN (SELECT queue_slot FROM running WHERE queue_slot IS NOT NULL)
 ),
 tokened AS (
     -- the worker's own tokens, in taking order: after a lost answer it finds what it took
-    SELECT id, status, (%(tokens)s::uuid[])[row_number() OVER ()] AS token FROM taken
+    SELECT t.id, t.status, (%(tokens)s::uuid[])[t.n] AS token, q.s AS queue_slot,
+           CASE WHEN %(lane_width)s::int = 1 THEN 0
+                ELSE (SELECT min(w) FROM generate_series(0, %(lane_width)s::int - 1) w
+                      WHERE w NOT IN (SELECT r.lane_slot FROM running r WHERE r.lane = t.lane))
+           END AS lane_slot
+    FROM numbered t
+    LEFT JOIN free_queue_slots q ON q.n = t.n
 ),
 next AS (
     UPDATE {schema}.jobs j
     SET status = 'running', leased_by = %(worker)s, lease_token = tokened.token,
         lease_expires_at = now() + %(lease)s, attempt_count = j.attempt_count + 1,
-        started_at = now(), heartbeat_at = now()
+        started_at = now(), heartbeat_at = now(),
+        lane_slot = tokened.lane_slot, queue_slot = tokened.queue_slot
     FROM tokened
     WHERE j.id = tokened.id
     RETURNING j.id, j.queue, j.owner, j.lane, j.type, j.mode, j.window_start, j.window_end,
@@ -74,17 +105,28 @@ ORDER BY next.priority, next.window_start DESC NULLS LAST, next.id;
 -- name: take_by_lane
 -- the same take when the front of the line waits behind busy lanes: visits each lane with open
 -- jobs once (cost grows with lanes, not jobs), and gives a deferred job its last attempt only
--- once nothing else of its lane is open; the running-lane index still refuses a second taker
-WITH RECURSIVE busy AS MATERIALIZED (
-    SELECT lane FROM {schema}.jobs WHERE queue = %(queue)s AND status = 'running'
+-- once nothing else of its lane is open; the same pause, lane width and queue cap; the indexes
+-- still refuse a second taker of a slot
+WITH RECURSIVE running AS MATERIALIZED (
+    SELECT lane, lane_slot, queue_slot FROM {schema}.jobs
+    WHERE queue = %(queue)s AND status = 'running'
+),
+busy AS MATERIALIZED (
+    SELECT lane FROM running GROUP BY lane HAVING count(*) >= %(lane_width)s
     UNION ALL
     SELECT lane FROM {schema}.jobs
     WHERE queue = %(queue)s AND status <> 'running' AND lease_token IS NOT NULL
       AND lease_expires_at > now()
 ),
+open (allowed) AS (
+    SELECT NOT EXISTS (SELECT FROM {schema}.queue_pauses WHERE queue = %(queue)s)
+           AND (%(max_running)s::int IS NULL
+                OR (SELECT count(*) FROM running) < %(max_running)s::int)
+),
 lanes (lane) AS (
     (SELECT lane FROM {schema}.jobs
      WHERE queue = %(queue)s AND status IN ('pending', 'failed', 'deferred')
+       AND (SELECT allowed FROM open)
      ORDER BY lane LIMIT 1)
     UNION ALL
     SELECT (SELECT j.lane FROM {schema}.jobs j
@@ -107,28 +149,43 @@ heads AS (
            AND NOT EXISTS (
                SELECT 1 FROM {schema}.jobs o
                WHERE o.queue = %(queue)s AND o.lane = lanes.lane
-                 AND o.status IN ('pending', 'failed'))
+                 AND o.status IN ('pending', 'failed', 'running'))
          ORDER BY d.priority, d.window_start DESC NULLS LAST, d.id LIMIT 1)
         LIMIT 1
     ) head
     WHERE lanes.lane IS NOT NULL AND lanes.lane NOT IN (SELECT lane FROM busy)
 ),
 taken AS (
-    SELECT j.id, j.status FROM {schema}.jobs j
+    SELECT j.id, j.status, j.lane FROM {schema}.jobs j
     WHERE j.id = ANY (ARRAY(SELECT id FROM heads))
       AND j.status IN ('pending', 'failed', 'deferred')
     ORDER BY j.priority, j.window_start DESC NULLS LAST, j.id
     LIMIT 1 FOR UPDATE SKIP LOCKED
+),
+slots AS (
+    SELECT t.id, t.status,
+           CASE WHEN %(lane_width)s::int = 1 THEN 0
+                ELSE (SELECT min(w) FROM generate_series(0, %(lane_width)s::int - 1) w
+                      WHERE w NOT IN (SELECT r.lane_slot FROM running r WHERE r.lane = t.lane))
+           END AS lane_slot,
+           CASE WHEN %(max_running)s::int IS NOT NULL THEN
+               (SELECT s FROM generate_series(
+                    0, least(%(max_running)s::int, (SELECT count(*) FROM running) + 1) - 1) s
+                WHERE s NOT IN (SELECT queue_slot FROM running WHERE queue_slot IS NOT NULL)
+                ORDER BY random() LIMIT 1)
+           END AS queue_slot
+    FROM taken t
 )
 UPDATE {schema}.jobs j
 SET status = 'running', leased_by = %(worker)s, lease_token = %(token)s,
     lease_expires_at = now() + %(lease)s, attempt_count = j.attempt_count + 1,
-    started_at = now(), heartbeat_at = now()
-FROM taken
-WHERE j.id = taken.id
+    started_at = now(), heartbeat_at = now(),
+    lane_slot = slots.lane_slot, queue_slot = slots.queue_slot
+FROM slots
+WHERE j.id = slots.id
 RETURNING j.id, j.queue, j.owner, j.lane, j.type, j.mode, j.window_start, j.window_end,
           j.cursor, j.attempt_count, j.throttle_count, j.processed_count, j.lease_token, j.stalls,
-          taken.status AS previous_status;
+          slots.status AS previous_status;
 
 -- name: taken_by_tokens
 -- after a take whose answer was lost: the jobs this worker took under the tokens it sent (it may

@@ -150,6 +150,8 @@ class Worker:
                 give_back=self._giver(queue),
                 max_attempts=queue.settings.max_attempts,
                 outage=writer.outage,
+                lane_width=queue.settings.lane_width,
+                max_running=queue.settings.max_running,
             )
         installed = self._install_signal_handlers(loop)
         log.info(

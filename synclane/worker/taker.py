@@ -88,6 +88,8 @@ async def take_front(
     finished: Sequence[Finished] = (),
     plain: int = 1,
     tokens: Sequence[UUID] | None = None,
+    lane_width: int = 1,
+    max_running: int | None = None,
 ) -> Batch:
     """One `take_front` statement: completes `finished` under their lease guards and takes one
     job per completion that went through plus `plain` more, from the front of the line, in
@@ -100,6 +102,8 @@ async def take_front(
     cur = conn.cursor(row_factory=dict_row)
     params = {
         "tokens": list(tokens),
+        "lane_width": lane_width,
+        "max_running": max_running,
         "queue": queue,
         "worker": worker,
         "lease": lease,
@@ -128,11 +132,20 @@ async def take_by_lane(
     worker: str,
     lease: timedelta,
     token: UUID | None = None,
+    lane_width: int = 1,
+    max_running: int | None = None,
 ) -> LeasedJob | None:
     """One job, looking lane by lane: for when the front of the line waits behind busy lanes.
     Raises UniqueViolation like take_front."""
     cur = conn.cursor(row_factory=dict_row)
-    params = {"queue": queue, "worker": worker, "lease": lease, "token": token or uuid4()}
+    params = {
+        "queue": queue,
+        "worker": worker,
+        "lease": lease,
+        "token": token or uuid4(),
+        "lane_width": lane_width,
+        "max_running": max_running,
+    }
     await cur.execute(store.query("take_by_lane"), params)
     row = await cur.fetchone()
     return None if row is None else LeasedJob(**row)
@@ -181,9 +194,12 @@ class Taker:
         give_back: Callable[[LeasedJob], Awaitable[None]],
         max_attempts: int = 5,
         outage: Outage | None = None,
+        lane_width: int = 1,
+        max_running: int | None = None,
     ) -> None:
         self.pool, self.store = pool, store
         self.outage = outage or Outage()
+        self.lane_width, self.max_running = lane_width, max_running
         self.queue, self.worker, self.lease = queue, worker, lease
         self.max_attempts = max_attempts
         self.give_back = give_back
@@ -246,6 +262,8 @@ class Taker:
                         finished,
                         len(requests) - len(finished),
                         tokens,
+                        self.lane_width,
+                        self.max_running,
                     )
                 break
             except errors.UniqueViolation:
@@ -291,7 +309,14 @@ class Taker:
             try:
                 async with self.pool.connection() as conn:
                     return await take_by_lane(
-                        conn, self.store, self.queue, self.worker, self.lease, token
+                        conn,
+                        self.store,
+                        self.queue,
+                        self.worker,
+                        self.lease,
+                        token,
+                        self.lane_width,
+                        self.max_running,
                     )
             except errors.UniqueViolation:
                 continue
