@@ -44,7 +44,7 @@ from prefect.testing.standard_test_suites import BlockStandardTestSuite
 
 from synclane import ConfigError, SyncLane
 from synclane.events import Event
-from synclane.prefect import SyncLaneDatabase, backfill, deployments, plan, requeue, work
+from synclane.prefect import SyncLaneDatabase, backfill, deployments, plan, requeue, serve, work
 from synclane.prefect.flows import _backfill_state, called
 from synclane.prefect.identity import TableIdentity, artifact_key, table_identity, where_it_points
 from synclane.prefect.operations import (
@@ -912,6 +912,69 @@ def test_a_backfill_stops_waiting_for_abandoned_slices_and_ends_failed(
         ("fine", 4, 4),
         ("stuck", 4, 0),
     ]
+
+
+def test_serve_checks_the_app_then_serves_without_pausing_on_shutdown(
+    prefect_server: str, loaded: ModuleType, dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import prefect
+
+    served: dict[str, Any] = {}
+    monkeypatch.setattr(prefect, "serve", lambda *d, **kw: served.update(deployments=d, **kw))
+    monkeypatch.setenv("PREFECT_LOGGING_EXTRA_LOGGERS", "httpx")
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        serve("prefect_app:app", dsn=dsn, work_budget_seconds=120)
+        assert signal.getsignal(signal.SIGINT) is not previous  # Ctrl-C as SIGTERM
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert served["pause_on_shutdown"] is False
+    assert len(served["deployments"]) == 4
+    assert os.environ["SYNCLANE_DSN"] == dsn  # what the served runs inherit
+    assert os.environ["PREFECT_LOGGING_EXTRA_LOGGERS"] == "httpx,synclane"
+    with pytest.raises(ConfigError, match="cannot import"):
+        serve("no_such_module_here:app")
+
+
+def test_ctrl_c_on_serve_hands_the_running_work_runs_jobs_back(
+    prefect_server: str, lane: SyncLane, dsn: str, schema: str, tmp_path: Path
+) -> None:
+    """`synclane serve` (here the same function in a process of its own) serves the test app; a
+    planning run starts a work run, whose `slow` job waits in its second page; Ctrl-C on the
+    serving process cancels the run, which hands the job back with its cursor."""
+    from prefect.client.orchestration import get_client
+
+    env = {
+        **prefect_env(prefect_server, tmp_path),
+        "SYNCLANE_DSN": dsn,
+        "SYNCLANE_PREFECT_TEST_SCHEMA": schema,
+        "PREFECT_RUNNER_POLL_FREQUENCY": "2",
+    }
+    log = tmp_path / "serve.log"
+    serving = subprocess.Popen(
+        [sys.executable, "-c",
+         "from synclane.prefect import serve; serve('prefect_app:app', work_budget_seconds=60)"],
+        cwd=ROOT / "tests", env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        eventually(lambda: b"being served" in log.read_bytes(), 120, "serve to start")
+        with get_client(sync_client=True) as client:
+            planning = client.read_deployment_by_name("synclane-plan/prefect_app")
+            client.create_flow_run_from_deployment(planning.id)
+
+        def in_second_page() -> bool:
+            jobs = lane.jobs("slow")
+            return len(jobs) == 1 and str(jobs.iloc[0]["cursor"]) == "page-2"
+
+        eventually(in_second_page, 120, "the work run to reach the slow job's second page")
+        serving.send_signal(signal.SIGINT)
+        assert serving.wait(60) == 0
+    finally:
+        serving.kill()
+    job = lane.jobs("slow").iloc[0]
+    assert (job["status"], job["cursor"], job["attempt_count"]) == ("pending", "page-2", 0)
+    (run,) = [r for r in flow_runs("synclane-work/prefect_app") if r.state.is_final()]
+    assert run.state.is_cancelled()
 
 
 # -- many machines: a process work pool, real workers ---------------------------------------

@@ -33,17 +33,13 @@ if TYPE_CHECKING:
     from prefect.client.schemas.responses import DeploymentResponse
     from prefect.deployments.runner import RunnerDeployment
 
-# A run still counts as working while it is in one of these states.
-ACTIVE = [
-    StateType.SCHEDULED,
-    StateType.PENDING,
-    StateType.RUNNING,
-    StateType.CANCELLING,
-    StateType.PAUSED,
-]
-# A work run that has been running this much longer than its budget lost its process (a
-# machine that went away leaves its run `Running` in Prefect): it no longer counts.
-OVERDUE = timedelta(minutes=10)
+# A run counts as working while it is scheduled, about to start or running. (A run that is
+# being cancelled ends within seconds, or never when its process is gone.)
+ACTIVE = [StateType.SCHEDULED, StateType.PENDING, StateType.RUNNING]
+# A work run that is still `Running` this long after its budget ended has lost its process (a
+# machine that went away, a worker killed with its run): it no longer counts. A live run ends
+# within about a minute of its budget (the hand-back waits up to 60 s).
+OVERDUE = timedelta(minutes=3)
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import os
 import re
+import signal
+import threading
 from collections.abc import MutableMapping
+from types import FrameType
 from typing import TYPE_CHECKING
 
 from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
@@ -104,7 +107,22 @@ def serve(
     )
     check_served_names(built)
     _add_extra_logger(os.environ, "synclane")
+    _stop_on_ctrl_c_as_on_sigterm()
     prefect_serve(*built, pause_on_shutdown=False)
+
+
+def _stop_on_ctrl_c_as_on_sigterm() -> None:
+    """Ctrl-C stops serving the way SIGTERM does. On SIGTERM Prefect's runner cancels its runs
+    (a work run hands its jobs back within a second and ends Cancelled); on Ctrl-C it kills
+    their processes instead, which leaves the jobs to lease expiry and the runs `Running` in
+    Prefect for ever. A second Ctrl-C still stops at once."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def as_sigterm(number: int, frame: FrameType | None) -> None:
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    signal.signal(signal.SIGINT, as_sigterm)
 
 
 def _add_extra_logger(environ: MutableMapping[str, str], logger: str) -> None:
