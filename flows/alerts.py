@@ -25,8 +25,8 @@ SUBJECT = "synclane: job {{ event.resource['synclane.owner'] }} abandoned"
 BODY = """\
 Job {{ event.payload.job_id }} of queue {{ event.resource['synclane.queue'] }} was abandoned and \
 waits for a human.
-owner: {{ event.resource['synclane.owner'] }} · lane: {{ event.resource['synclane.lane'] }} \
-· type: {{ event.resource['synclane.type'] }} · attempt {{ event.payload.attempt }}
+owner: {{ event.resource['synclane.owner'] }}, lane: {{ event.resource['synclane.lane'] }}, \
+type: {{ event.resource['synclane.type'] }}, attempt {{ event.payload.attempt }}
 error: {{ event.payload.error }}
 table: {{ event.resource['synclane.table'] }}
 Fix the cause, then run the synclane-requeue deployment (or app.requeue) for it."""

@@ -849,6 +849,23 @@ def test_the_automation_of_flows_alerts_py_notifies_on_an_abandoned_job(
     assert "error: Abandon: the account was closed" in body and f"table: {table}" in body
 
 
+def test_the_automation_yaml_in_the_docs_is_the_one_flows_alerts_py_installs() -> None:
+    from prefect.events.schemas.automations import AutomationCore
+
+    text = (ROOT / "docs" / "prefect.md").read_text()
+    (document,) = [
+        yaml.safe_load(block)
+        for block in re.findall(r"```yaml\n(.*?)```", text, re.S)
+        if "(from YAML)" in block
+    ]
+    from_docs = AutomationCore.model_validate(document)
+    installed = runpy.run_path(str(ROOT / "flows" / "alerts.py"))["abandoned_jobs"](uuid.uuid4())
+    assert from_docs.trigger.model_dump(exclude={"id"}) == installed.trigger.model_dump(
+        exclude={"id"}
+    )
+    assert [a.type for a in from_docs.actions] == ["send-notification"]
+
+
 def test_a_cancelled_work_run_hands_its_job_back_with_its_cursor(
     block: str, loaded: ModuleType
 ) -> None:

@@ -84,7 +84,8 @@ def prefect_event(event: Event, table: TableIdentity) -> dict[str, Any]:
         "attempt": event.attempt,
         "worker": event.worker,
         "error": event.error,
-        "until": _iso(event.until),
+        # when a failed or deferred job may run again, or until when a throttled lane waits
+        "until": _iso(event.until) if event.kind in _WAITING else None,
         "window_start": _iso(event.window_start),
         "window_end": _iso(event.window_end),
     }
@@ -95,6 +96,9 @@ def prefect_event(event: Event, table: TableIdentity) -> dict[str, Any]:
         "payload": payload,
         "occurred": event.at,
     }
+
+
+_WAITING = ("failed", "deferred", "throttled")
 
 
 def _related(resource_id: str, role: str, name: str) -> dict[str, str]:
