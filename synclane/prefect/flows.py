@@ -97,12 +97,17 @@ def _this_run() -> tuple[UUID | None, UUID | None]:
     return context.flow_run.id, context.flow_run.deployment_id
 
 
-def _keep_work_runs(deployment: str | UUID, logger: Any, exclude: UUID | None = None) -> list[UUID]:
+RunLogger = logging.Logger | logging.LoggerAdapter[Any]
+
+
+def _keep_work_runs(
+    deployment: str | UUID, logger: RunLogger, exclude: UUID | None = None
+) -> list[UUID]:
     topped = keep_work_runs(deployment, exclude=exclude)
     for run in topped.overdue:
         logger.warning(
             "work run %s has been Running since %s, far beyond its budget: its process is "
-            "probably gone (a lost machine); it no longer counts. Mark it Crashed or Cancelled.",
+            "probably gone (a lost machine); it no longer counts. Mark it Crashed in the UI.",
             run.name,
             run.start_time,
         )
@@ -243,8 +248,11 @@ def work(
     run_id, deployment_id = _this_run()
     if deployment_id is not None and ended == BUDGET_USED:
         # Ask for the successor now rather than at the next planning run: the run's slot in
-        # the deployment's limit is free within seconds.
-        _keep_work_runs(deployment_id, logger, exclude=run_id)
+        # the deployment's limit is free within seconds. The plan runs start it otherwise.
+        try:
+            _keep_work_runs(deployment_id, logger, exclude=run_id)
+        except Exception as error:  # the Prefect API is away: not a reason to fail this run
+            logger.warning("could not start this run's successor: %s", error)
     failure = work_outcome(report, worklog, fail_on_abandoned)
     if failure is not None:
         return Failed(message=failure)
