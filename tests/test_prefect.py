@@ -1025,11 +1025,11 @@ WORK_BUDGET = 5
 @pytest.fixture(scope="module")
 def pool(prefect_server: str, dsn: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
     """What docs/prefect.md does to go from one machine to several, on the test server: a
-    served app first; then a process work pool with one plan worker and two work workers
-    (machines A and B); the pool project (flows/prefect.yaml for prefect_app: its block, its
-    folder and schema, the `spread` queue, short runs) deployed with `prefect deploy --all`; N
-    raised to 2 with `prefect gcl update`; and planning late after "downtime" (four missed
-    runs, picked up together)."""
+    served app first; then a process work pool and two work workers (machines A and B); the
+    pool project (flows/prefect.yaml for prefect_app: its block, its folder and schema, the
+    `spread` queue, short runs) deployed with `prefect deploy --all`; N raised to 2 with
+    `prefect gcl update`; four plan runs missed during "downtime"; then the plan worker, which
+    finds all four late."""
     import psutil
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import WorkPoolCreate
@@ -1057,8 +1057,8 @@ def pool(prefect_server: str, dsn: str, tmp_path_factory: pytest.TempPathFactory
             )
         )
     made = Pool(prefect_server, env, schema, served, [])
-    # The workers start first (their start-up is the slow part); they find nothing to do yet.
-    for name, queue in (("P", "plan"), ("A", "work"), ("B", "work")):
+
+    def start_worker(name: str, queue: str) -> None:
         log = made.logs[name] = home / f"worker-{name}.log"
         limit = ["--limit", "1"] if queue == "work" else []
         made.workers[name] = subprocess.Popen(
@@ -1066,6 +1066,11 @@ def pool(prefect_server: str, dsn: str, tmp_path_factory: pytest.TempPathFactory
              "--work-queue", queue, "--name", f"machine-{name}", *limit],
             env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT,
         )  # fmt: skip
+
+    # The machines' workers start first (their start-up is the slow part); the plan worker
+    # starts after the "downtime", when four plan runs are late.
+    start_worker("A", "work")
+    start_worker("B", "work")
     try:
         project = yaml.safe_load((ROOT / "flows" / "prefect.yaml").read_text())
         pull = project["pull"][0]["prefect.deployments.steps.set_working_directory"]
@@ -1092,6 +1097,7 @@ def pool(prefect_server: str, dsn: str, tmp_path_factory: pytest.TempPathFactory
                 ).id
                 for minutes in (10, 9, 8, 7)
             ]
+        start_worker("P", "plan")
         yield made
     finally:
         children: list[psutil.Process] = []
