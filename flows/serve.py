@@ -1,4 +1,4 @@
-"""The demo's four deployments, served from this one process.
+"""The demo's four deployments, served from this one process (one machine).
 
     pip install "synclane[prefect]"
     prefect server start                                    # in another terminal
@@ -6,47 +6,28 @@
     export SYNCLANE_DSN=postgresql://user:password@host:5432/db    # else the embedded PostgreSQL
     python flows/serve.py
 
+The same as `synclane --app synclane.demo.app:app serve`: the app is loaded first (a wrong path
+or an unreachable database stops here), then synclane-plan, -work, -backfill and -requeue are
+served under the name `synclane-demo-app`. The work pool's deployments in prefect.yaml are
+named `demo-pool`, so serving never takes them over (and a name a pool already uses is refused).
+
 Runs are processes started by this one and inherit its environment: $SYNCLANE_DSN reaches the
 demo app (built with SyncLane(None)), PREFECT_LOGGING_EXTRA_LOGGERS=synclane puts the library's
 log lines in each run's logs. For several machines, use prefect.yaml beside this file.
-`synclane --app synclane.demo.app:app serve` serves the same flows on the same schedules.
 """
 
 from __future__ import annotations
 
-import os
+import sys
 
-from prefect import serve
-from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
-from prefect.deployments.runner import RunnerDeployment
+from synclane import ConfigError, DatabaseUnavailable, SchemaError
+from synclane.prefect import serve
 
-from synclane.prefect import backfill, plan, requeue, work
-from synclane.prefect.flows import called
-
-APP = {"app_path": "synclane.demo.app:app"}
-
-
-def demo_deployments() -> list[RunnerDeployment]:
-    one_at_a_time = ConcurrencyLimitConfig(
-        limit=1, collision_strategy=ConcurrencyLimitStrategy.CANCEL_NEW
-    )
-    built = [
-        # Plan every minute: cheap and idempotent, so a missed or doubled run does no harm.
-        plan.to_deployment("demo", cron="* * * * *", parameters=APP),
-        # Work for 9 minutes, every 10 minutes; a run that would overlap the last is cancelled.
-        work.to_deployment(
-            "demo",
-            cron="*/10 * * * *",
-            parameters={**APP, "budget_seconds": 540},
-            concurrency_limit=one_at_a_time,
-        ),
-        # Ad hoc, from the UI or `prefect deployment run`.
-        backfill.to_deployment("demo", parameters=APP),
-        requeue.to_deployment("demo", parameters=APP),
-    ]
-    return [called(deployment) for deployment in built]
-
+APP = "synclane.demo.app:app"
 
 if __name__ == "__main__":
-    os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "synclane")
-    serve(*demo_deployments(), pause_on_shutdown=False)
+    try:
+        # Plan every minute; keep one work run going (9 minutes each, a successor follows).
+        serve(APP, work_budget_seconds=540, work_runs=1)
+    except (ConfigError, DatabaseUnavailable, SchemaError) as error:
+        sys.exit(f"flows/serve.py: {error}")

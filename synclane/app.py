@@ -256,8 +256,8 @@ class SyncLane(Reads):
     ) -> Worker:
         """A worker for these queues (default: all declared), not started: `.run()`,
         `await .run_async()`, `.stop()` from any thread. `stop_grace`: how long a page in flight
-        may take to end once the worker stops (default: none, it is abandoned and its job handed
-        back at once)."""
+        may take to end once `stop_after` has passed (default: none, it is abandoned and its job
+        handed back at once); a stop asked for (a signal, `.stop()`) abandons it at once."""
         from synclane.worker import Worker
 
         def plan(name: str) -> int:

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from datetime import timedelta
 
-from synclane import Job, Owner, Page, SyncLane
+from synclane import Abandon, Job, Owner, Page, SyncLane, Throttled
 
 # The `slow` queue's second page waits here, so a test can stop a worker mid-page.
 PAGE_IN_FLIGHT = threading.Event()
@@ -53,6 +54,39 @@ def build(dsn: str | None, schema: str) -> SyncLane:
         PAGE_IN_FLIGHT.set()
         RELEASE.wait(60)
         return Page(None, 1)
+
+    # One owner for each thing a team alerts on: an abandoned job, a deferred one, a throttled
+    # lane, a finished first load.
+    alerts = lane.queue("alerts", max_attempts=1, retry_base_delay=3600)
+
+    @alerts.owners
+    def accounts(queue: str) -> list[Owner]:
+        return [Owner("fine"), Owner("stuck"), Owner("flaky"), Owner("busy")]
+
+    @alerts.windowed(
+        "orders", horizon=timedelta(days=60), slice=timedelta(days=30), every=timedelta(days=1)
+    )
+    def alert_orders(job: Job) -> Page:
+        if job.owner == "stuck":
+            raise Abandon("the account was closed")
+        if job.owner == "flaky":
+            raise RuntimeError(f"order {job.id} not found")
+        if job.owner == "busy":
+            raise Throttled(retry_after=3600)
+        return Page(None, 1)
+
+    # Work for two machines: eight lanes, each job four pages of half a second.
+    spread = lane.queue("spread")
+
+    @spread.owners
+    def shops(queue: str) -> list[Owner]:
+        return [Owner(f"shop-{n}") for n in range(8)]
+
+    @spread.snapshot("catalog", every=timedelta(days=1))
+    def spread_catalog(job: Job) -> Page:
+        time.sleep(0.5)
+        page = int(job.cursor or 0) + 1
+        return Page(None if page >= 4 else str(page), 1)
 
     return lane
 

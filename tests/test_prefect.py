@@ -1,29 +1,39 @@
-"""The Prefect integration: the block, the flows, the deployments.
+"""The Prefect integration: the block, the flows, the deployments, and what Prefect sees.
 
 The plain functions behind the flows are tested against PostgreSQL without Prefect; the flows
 themselves run as real Prefect flow runs against one temporary Prefect server for the session
-(`prefect_test_harness`), loading `tests/prefect_app.py` by its app path.
+(`prefect_test_harness`), loading `tests/prefect_app.py` by its app path. Where Prefect's own
+behaviour is the point (deployment names, late runs, two process workers, draining one), the
+deployments of flows/prefect.yaml are deployed with `prefect deploy --all` and run by real
+`prefect worker start` processes against that server.
 """
 
 from __future__ import annotations
 
 import _thread
+import contextlib
 import importlib
-import importlib.util
 import json
 import os
+import re
+import runpy
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
-from datetime import timedelta
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, ClassVar, TypeVar
 
+import psycopg
 import pytest
+from psycopg import sql
 
 pytest.importorskip("prefect", reason="the prefect extra is not installed")
 
@@ -33,9 +43,14 @@ from prefect.exceptions import TerminationSignal
 from prefect.testing.standard_test_suites import BlockStandardTestSuite
 
 from synclane import ConfigError, SyncLane
+from synclane.events import Event
 from synclane.prefect import SyncLaneDatabase, backfill, deployments, plan, requeue, serve, work
+from synclane.prefect.flows import _backfill_state, called
+from synclane.prefect.identity import TableIdentity, artifact_key, table_identity, where_it_points
 from synclane.prefect.operations import (
-    artifact_key,
+    History,
+    check_queues,
+    history_of,
     load_app,
     loaded_percent,
     plan_summary,
@@ -44,22 +59,39 @@ from synclane.prefect.operations import (
     split_app_path,
     watch_history,
     widen_history,
+    worth_publishing,
 )
+from synclane.prefect.reporting import WorkLog, prefect_event, work_outcome
+from synclane.prefect.runs import check_served_names, counted_runs
 
 pytestmark = pytest.mark.prefect
 
 BLOCK = "prefect-test-db"
 FLOWS = ("plan", "work", "backfill", "requeue")
 ROOT = Path(__file__).resolve().parent.parent
+T = TypeVar("T")
+
+
+def eventually(probe: Callable[[], T | None], timeout: float, what: str) -> T:
+    """Ask `probe` until it answers something truthy, or fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        answer = probe()
+        if answer:
+            return answer
+        if time.monotonic() > deadline:
+            pytest.fail(f"not within {timeout:.0f} s: {what}")
+        time.sleep(0.5)
 
 
 # -- fixtures ------------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="session")
-def prefect_server() -> Iterator[None]:
-    """One temporary Prefect server (SQLite) for every test that runs a flow."""
+def prefect_server() -> Iterator[str]:
+    """One temporary Prefect server (SQLite) for every test that runs a flow; its API URL."""
     from prefect.settings import (
+        PREFECT_API_URL,
         PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS,
         temporary_settings,
     )
@@ -69,7 +101,7 @@ def prefect_server() -> Iterator[None]:
         temporary_settings({PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS: 120}),
         prefect_test_harness(server_startup_timeout=120),
     ):
-        yield
+        yield str(PREFECT_API_URL.value())
 
 
 @pytest.fixture
@@ -85,7 +117,7 @@ def loaded(dsn: str, schema: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[M
 
 
 @pytest.fixture
-def block(prefect_server: None, dsn: str, loaded: ModuleType) -> str:
+def block(prefect_server: str, dsn: str, loaded: ModuleType) -> str:
     SyncLaneDatabase(dsn=dsn, app_path="prefect_app:app").save(BLOCK, overwrite=True)
     return BLOCK
 
@@ -96,6 +128,27 @@ def lane(dsn: str, schema: str) -> Iterator[SyncLane]:
     app = prefect_app.build(dsn, schema)
     yield app
     app.close()
+
+
+def prefect_env(api_url: str, home: Path) -> dict[str, str]:
+    """The environment of a Prefect command or worker started by a test."""
+    return {
+        **os.environ,
+        "PREFECT_API_URL": api_url,
+        "PREFECT_HOME": str(home),
+        "PREFECT_CLI_PROMPT": "false",
+        "PREFECT_WORKER_QUERY_SECONDS": "2",
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    }
+
+
+def prefect_cli(env: dict[str, str], *args: str, cwd: Path | None = None) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "prefect", *args],
+        capture_output=True, text=True, env=env, cwd=cwd, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, f"prefect {' '.join(args)}:\n{done.stdout}\n{done.stderr}"
+    return done.stdout
 
 
 # -- without Prefect: the plain functions behind the flows ----------------------------------
@@ -135,8 +188,18 @@ def test_loading_an_app_by_path_binds_it_to_the_given_dsn(
     assert "hunter2" not in str(raised.value) and dsn not in str(raised.value)
 
 
+def test_a_misspelt_queue_gets_the_declared_name_it_is_closest_to(lane: SyncLane) -> None:
+    assert check_queues(lane, None) == ["shops", "slow", "alerts", "spread"]
+    assert check_queues(lane, ["alerts"]) == ["alerts"]
+    with pytest.raises(ConfigError, match="unknown queue 'shop': did you mean 'shops'") as raised:
+        check_queues(lane, ["slow", "shop"])
+    assert "app.queue(" not in str(raised.value)  # not advice to declare the typo
+    with pytest.raises(ConfigError, match="unknown queue 'zzz': the app declares 'shops'"):
+        check_queues(lane, ["zzz"])
+
+
 def test_progress_rows_are_json_safe_one_per_owner_and_type(lane: SyncLane) -> None:
-    lane.plan()
+    lane.plan("shops")
     lane.run_worker(["shops"], stop_after=20, until_idle=True)
     rows = progress_rows(lane, "shops")
     assert json.loads(json.dumps(rows)) == rows
@@ -169,10 +232,46 @@ def test_the_plan_summary_shows_what_was_added_and_what_fails() -> None:
     assert "- shops · a · orders: 1" in text and "· b ·" not in text
 
 
-def test_artifact_keys_hold_only_lowercase_letters_digits_and_dashes() -> None:
-    assert artifact_key("synclane", "progress", "shops") == "synclane-progress-shops"
-    assert artifact_key("Test_Schema", "backfill", "EU shops", "orders") == (
-        "test-schema-backfill-eu-shops-orders"
+def test_a_progress_table_gets_a_new_version_only_when_it_changed_and_not_too_often() -> None:
+    now = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+    every = timedelta(minutes=10)
+    row = {"owner": "a", "type": "orders", "state": "loading", "slices_total": 4,
+           "slices_completed": 1, "slices_failed": 0, "records": 10,
+           "coverage_end": "2026-11-30T11:45:00Z"}  # fmt: skip
+    assert worth_publishing([row], None, None, now, every)  # the first version
+    # records and the coverage end within the day move with every refresh: not a change
+    busy = {**row, "records": 99, "coverage_end": "2026-11-30T11:59:00Z"}
+    assert not worth_publishing([busy], [row], now - timedelta(hours=5), now, every)
+    moved = {**row, "slices_completed": 2}
+    assert not worth_publishing([moved], [row], now - timedelta(minutes=3), now, every)
+    assert worth_publishing([moved], [row], now - timedelta(minutes=10), now, every)
+    next_day = {**row, "coverage_end": "2026-12-01T00:15:00Z"}
+    assert worth_publishing([next_day], [row], now - timedelta(minutes=30), now, every)
+
+
+def test_artifact_keys_name_the_database_and_never_its_password(dsn: str, schema: str) -> None:
+    """Two databases with the same schema name get different keys; one database reached by two
+    spellings of its DSN gets one; no key or label holds a password."""
+    params = psycopg.conninfo.conninfo_to_dict(dsn)
+    with_password = psycopg.conninfo.make_conninfo(dsn, password="s3cret-pw")  # trust ignores it
+    other_database = psycopg.conninfo.make_conninfo(dsn, dbname="postgres")
+    identities = {}
+    for name, where in (("test", dsn), ("password", with_password), ("other", other_database)):
+        app = SyncLane(where, schema=schema, create_schema=False)
+        identities[name] = table_identity(app)
+        app.close()
+    assert identities["test"] == identities["password"]
+    assert identities["test"].database == params.get("dbname", "postgres")
+    assert identities["other"].database == "postgres"
+    assert identities["other"].digest != identities["test"].digest
+    for identity in identities.values():
+        key = artifact_key(identity, "progress", "EU shops")
+        assert re.fullmatch(r"synclane-[a-z0-9-]+-progress-eu-shops", key)
+        assert identity.digest in key and schema.replace("_", "-") in key
+        assert "s3cret" not in key + identity.label
+    assert where_it_points("postgresql://me:s3cret@db.example:6432/shop") == (
+        "db.example:6432",
+        "shop",
     )
 
 
@@ -206,6 +305,76 @@ def test_a_worker_that_ends_by_itself_returns_its_report(lane: SyncLane) -> None
     assert report == {"completed": 10, "failed": 2}
 
 
+def alert_events(lane: SyncLane) -> WorkLog:
+    """Work the `alerts` queue until idle; what its events said."""
+    worklog = WorkLog(limit=2)
+    lane.plan("alerts")
+    lane.run_worker(["alerts"], stop_after=30, until_idle=True, idle_grace=0, on_event=worklog)
+    return worklog
+
+
+def test_the_work_report_lists_each_failure_with_its_error(lane: SyncLane) -> None:
+    worklog = alert_events(lane)
+    assert worklog.counts["abandoned"] == 3 and worklog.counts["deferred"] == 3
+    table = TableIdentity("shop", "3f2a9c1b", "synclane")
+    report = {"completed": 3, "abandoned": 3, "deferred": 3, "throttled": 1}
+    text = worklog.markdown(
+        queues=["alerts"], worker="vm:1", table=table, seconds=4.2, ended="its budget was used",
+        report=report,
+    )  # fmt: skip
+    assert "Worker `vm:1` worked queue(s) `alerts` of shop (3f2a9c1b) · schema synclane" in text
+    assert "| 3 | 0 | 3 | 3 | 1 | 0 | 0 | 0 |" in text
+    abandoned = text.split("## Abandoned")[1].split("##")[0]
+    assert abandoned.count("| stuck | orders |") == 2  # two listed (limit=2) ...
+    assert "… and 1 more." in abandoned  # ... and the third counted
+    assert "Abandon: the account was closed" in abandoned
+    deferred = text.split("## Deferred")[1].split("##")[0]
+    assert "RuntimeError: order " in deferred and "| flaky |" in deferred
+    assert "## Throttled" in text and "| busy |" in text.split("## Throttled")[1]
+    assert "## Failed" not in text  # nothing is waiting for a plain retry
+
+    assert work_outcome(report, worklog, fail_on_abandoned=False) is None
+    assert work_outcome({"deferred": 3}, worklog, fail_on_abandoned=True) is None
+    failure = work_outcome(report, worklog, fail_on_abandoned=True)
+    assert failure is not None and failure.startswith("3 job(s) abandoned in this run")
+    assert "(alerts · stuck · orders): Abandon: the account was closed" in failure
+
+
+def test_a_prefect_event_names_the_job_and_relates_its_queue_owner_type_and_lane() -> None:
+    table = TableIdentity("shop", "3f2a9c1b", "sync")
+    at = datetime(2026, 11, 30, 8, 0, tzinfo=UTC)
+    event = Event(
+        kind="abandoned", queue="shops", job_id=41, owner="acme-us", lane="acme",
+        type="orders", mode="initial", worker="vm:7", attempt=5, error="Abandon: gone",
+        status="abandoned", window_start=at - timedelta(days=30), window_end=at, at=at,
+    )  # fmt: skip
+    sent = prefect_event(event, table)
+    assert sent["event"] == "synclane.job.abandoned"
+    assert sent["occurred"] == at
+    assert sent["resource"] == {
+        "prefect.resource.id": "synclane.job.shop-3f2a9c1b-sync.41",
+        "prefect.resource.name": "job 41",
+        "synclane.table": "shop-3f2a9c1b-sync",
+        "synclane.queue": "shops",
+        "synclane.owner": "acme-us",
+        "synclane.lane": "acme",
+        "synclane.type": "orders",
+        "synclane.mode": "initial",
+        "synclane.status": "abandoned",
+    }
+    related = {r["prefect.resource.role"]: r["prefect.resource.id"] for r in sent["related"]}
+    assert related == {
+        "table": "synclane.table.shop-3f2a9c1b-sync",
+        "queue": "synclane.queue.shop-3f2a9c1b-sync.shops",
+        "owner": "synclane.owner.shop-3f2a9c1b-sync.acme-us",
+        "type": "synclane.type.shop-3f2a9c1b-sync.shops.orders",
+        "lane": "synclane.lane.shop-3f2a9c1b-sync.shops.acme",
+    }
+    assert sent["payload"]["error"] == "Abandon: gone" and sent["payload"]["attempt"] == 5
+    assert sent["payload"]["window_end"] == at.isoformat()
+    json.dumps(sent["payload"])  # JSON-safe
+
+
 def test_widening_history_adds_older_slices_for_the_owners_asked(lane: SyncLane) -> None:
     lane.plan("shops")
     before = lane.jobs("shops", type="orders")
@@ -222,14 +391,38 @@ def test_widening_history_adds_older_slices_for_the_owners_asked(lane: SyncLane)
         widen_history(lane, "shops", "orders", timedelta(days=120), ["hooli"])
 
 
-def test_watching_history_stops_when_it_is_loaded_or_the_budget_ends(lane: SyncLane) -> None:
+def test_history_settles_when_every_slice_is_loaded_or_stopped_for_good(lane: SyncLane) -> None:
+    alert_events(lane)
+
+    def history(owner: str) -> History:
+        rows = progress_rows(lane, "alerts", owners=[owner], type="orders")
+        return history_of(lane, "alerts", "orders", [owner], rows)
+
+    assert history("fine") == History(total=2, loaded=2, abandoned=0, cancelled=0)
+    assert history("fine").settled and history("fine").percent == 100.0
+    assert history("stuck") == History(total=2, loaded=0, abandoned=2, cancelled=0)
+    assert history("stuck").settled  # nothing left that could load: a backfill stops waiting
+    assert history("stuck").describe() == "0 of 2 slice(s) loaded (0.0 %), 2 abandoned"
+    assert not history("flaky").settled  # deferred: one more attempt is due
+    assert history("flaky").open == 2
+
+    seen: list[float] = []
+    found, rows = watch_history(
+        lane, "alerts", "orders", ["fine", "stuck"], budget_seconds=60, poll_seconds=30,
+        report=lambda history, rows: seen.append(history.percent),
+    )  # fmt: skip
+    assert seen == [50.0] and found.settled  # settled at once: no wait for abandoned slices
+    assert {r["owner"] for r in rows} == {"fine", "stuck"}
+
+
+def test_watching_history_waits_for_open_slices_until_the_budget_ends(lane: SyncLane) -> None:
     lane.plan("shops")
     seen: list[float] = []
-    rows = watch_history(
+    found, rows = watch_history(
         lane, "shops", "orders", ["acme-us"], budget_seconds=0, poll_seconds=1,
-        report=lambda percent, rows: seen.append(percent),
+        report=lambda history, rows: seen.append(history.percent),
     )  # fmt: skip
-    assert seen == [0.0] and [r["owner"] for r in rows] == ["acme-us"]
+    assert seen == [0.0] and not found.settled and [r["owner"] for r in rows] == ["acme-us"]
 
     def work_a_little(seconds: float) -> None:
         lane.run_worker(["shops"], stop_after=10, until_idle=True)
@@ -237,78 +430,131 @@ def test_watching_history_stops_when_it_is_loaded_or_the_budget_ends(lane: SyncL
     seen.clear()
     watch_history(
         lane, "shops", "orders", ["acme-us", "acme-eu"], budget_seconds=60, poll_seconds=1,
-        report=lambda percent, rows: seen.append(percent), sleep=work_a_little,
+        report=lambda history, rows: seen.append(history.percent), sleep=work_a_little,
     )  # fmt: skip
     assert seen == [0.0, 100.0]
 
 
-def test_the_deployments_plan_every_minute_and_work_one_run_at_a_time() -> None:
+def test_a_backfill_ends_completed_only_when_every_slice_loaded() -> None:
+    loaded_all = History(total=4, loaded=4, abandoned=0, cancelled=0)
+    stopped = History(total=4, loaded=2, abandoned=1, cancelled=1)
+    still_open = History(total=4, loaded=3, abandoned=0, cancelled=0)
+    assert _backfill_state(loaded_all, {}, 60).is_completed()
+    state = _backfill_state(stopped, {}, 60)
+    assert state.is_failed() and state.message is not None
+    assert state.message.startswith("2 of 4 slice(s) loaded (50.0 %), 1 abandoned, 1 cancelled")
+    assert "requeue" in state.message
+    state = _backfill_state(still_open, {}, 60)
+    assert state.is_failed() and state.message is not None
+    assert state.message.startswith("the budget of 60 s ended first: 3 of 4 slice(s) loaded")
+    state = _backfill_state(still_open, {}, 0)  # asked not to wait
+    assert state.is_completed() and state.message is not None
+    assert state.message.startswith("not waited for")
+
+
+def test_overdue_work_runs_no_longer_count() -> None:
+    from prefect.client.schemas.objects import FlowRun, StateType
+
+    now = datetime.now(UTC)
+
+    def run(state: StateType, started_minutes_ago: float | None) -> FlowRun:
+        started = (
+            None if started_minutes_ago is None else now - timedelta(minutes=started_minutes_ago)
+        )
+        return FlowRun(flow_id=uuid.uuid4(), state_type=state, start_time=started)
+
+    working = run(StateType.RUNNING, 5)
+    waiting = run(StateType.SCHEDULED, None)
+    lost = run(StateType.RUNNING, 25)  # a 9-minute run that started 25 minutes ago
+    myself = run(StateType.RUNNING, 9)
+    counted, overdue = counted_runs([working, waiting, lost, myself], 540, now, myself.id)
+    assert [r.id for r in counted] == [working.id, waiting.id]
+    assert [r.id for r in overdue] == [lost.id]
+
+
+def test_the_deployments_plan_every_minute_and_keep_work_runs_going() -> None:
     from prefect.client.schemas.objects import ConcurrencyLimitStrategy
 
-    built = {d.flow_name: d for d in deployments("synclane.demo.app:app", work_budget_seconds=300)}
+    built = {
+        d.flow_name: d
+        for d in deployments("synclane.demo.app:app", work_budget_seconds=300, work_runs=3)
+    }
     assert set(built) == {"synclane-plan", "synclane-work", "synclane-backfill", "synclane-requeue"}
     assert {d.name for d in built.values()} == {"synclane-demo-app"}
-    assert built["synclane-plan"].schedules[0].schedule.cron == "* * * * *"
-    work_deployment = built["synclane-work"]
-    assert work_deployment.schedules[0].schedule.cron == "*/10 * * * *"
-    assert work_deployment.concurrency_limit == 1
-    assert work_deployment.concurrency_options is not None
-    assert work_deployment.concurrency_options.collision_strategy == (
-        ConcurrencyLimitStrategy.CANCEL_NEW
-    )
-    assert work_deployment.parameters == {
+    planning = built["synclane-plan"]
+    assert planning.schedules[0].schedule.cron == "* * * * *"
+    assert planning.parameters == {
         "app_path": "synclane.demo.app:app",
-        "budget_seconds": 300,
+        "work_deployment": "synclane-work/synclane-demo-app",
     }
+    working = built["synclane-work"]
+    assert not working.schedules  # the plan runs keep it going, and each run its successor
+    assert working.parameters == {"app_path": "synclane.demo.app:app", "budget_seconds": 300}
+    for deployment, limit in ((planning, 1), (working, 3)):
+        assert deployment.concurrency_limit == limit
+        assert deployment.concurrency_options is not None
+        assert deployment.concurrency_options.collision_strategy == (
+            ConcurrencyLimitStrategy.CANCEL_NEW
+        )
     assert not built["synclane-backfill"].schedules and not built["synclane-requeue"].schedules
     for deployment in built.values():
         assert not deployment.job_variables  # served: the runs inherit serve()'s environment
-    with pytest.raises(ValueError, match="work_budget_seconds"):
-        deployments("synclane.demo.app:app", work_budget_seconds=600)
+    with pytest.raises(ConfigError, match="work_budget_seconds=0"):
+        deployments("synclane.demo.app:app", work_budget_seconds=0)
+    with pytest.raises(ConfigError, match="work_runs=0"):
+        deployments("synclane.demo.app:app", work_runs=0)
 
 
-def test_serve_checks_the_app_then_serves_without_pausing_on_shutdown(
-    loaded: ModuleType, dsn: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    import prefect
-
-    served: dict[str, Any] = {}
-    monkeypatch.setattr(prefect, "serve", lambda *d, **kw: served.update(deployments=d, **kw))
-    monkeypatch.setenv("PREFECT_LOGGING_EXTRA_LOGGERS", "httpx")
-    serve("prefect_app:app", dsn=dsn, work_budget_seconds=120)
-    assert served["pause_on_shutdown"] is False
-    assert len(served["deployments"]) == 4
-    assert os.environ["SYNCLANE_DSN"] == dsn  # what the served runs inherit
-    assert os.environ["PREFECT_LOGGING_EXTRA_LOGGERS"] == "httpx,synclane"
-    with pytest.raises(ConfigError, match="cannot import"):
-        serve("no_such_module_here:app")
-
-
-def test_the_demo_project_serves_the_same_deployments_as_serve() -> None:
-    """flows/serve.py spells the deployments out for people to copy; it must not drift from
-    what `synclane serve` builds."""
-    spec = importlib.util.spec_from_file_location("flows_serve", ROOT / "flows" / "serve.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-
-    def shape(built: list[Any]) -> list[tuple[Any, ...]]:
-        return sorted(
-            (d.flow_name, d.name, [s.schedule for s in d.schedules], d.concurrency_limit,
-             d.concurrency_options, d.parameters)
-            for d in built
-        )  # fmt: skip
-
-    assert shape(module.demo_deployments()) == shape(
-        deployments("synclane.demo.app:app", name="demo")
-    )
+def test_the_pool_project_never_uses_a_served_deployments_name() -> None:
     project = yaml.safe_load((ROOT / "flows" / "prefect.yaml").read_text())
-    entrypoints = {d["entrypoint"] for d in project["deployments"]}
-    assert entrypoints == {f"synclane.prefect.flows:{f}" for f in FLOWS}
+    pooled = {(d["entrypoint"].rpartition(":")[2], d["name"]) for d in project["deployments"]}
+    assert pooled == {(flow, "demo-pool") for flow in FLOWS}
+    served = {
+        (d.flow_name.removeprefix("synclane-"), d.name)
+        for d in deployments("synclane.demo.app:app")
+    }
+    assert not pooled & served
+    assert {d["entrypoint"] for d in project["deployments"]} == {
+        f"synclane.prefect.flows:{f}" for f in FLOWS
+    }
     for name in FLOWS:
         assert getattr(importlib.import_module("synclane.prefect.flows"), name).name == (
             f"synclane-{name}"
         )
+    by_flow = {d["entrypoint"].rpartition(":")[2]: d for d in project["deployments"]}
+    assert by_flow["plan"]["parameters"]["work_deployment"] == "synclane-work/demo-pool"
+    assert by_flow["plan"]["work_pool"]["work_queue_name"] == "plan"
+    assert by_flow["work"]["work_pool"]["work_queue_name"] == "work"
+    assert "schedules" not in by_flow["work"]
+
+
+def test_flows_serve_py_serves_the_demo_under_the_name_synclane_serve_uses(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import synclane.prefect
+
+    served: list[tuple[Any, ...]] = []
+    monkeypatch.setattr(synclane.prefect, "serve", lambda *a, **kw: served.append((a, kw)))
+    runpy.run_path(str(ROOT / "flows" / "serve.py"), run_name="__main__")
+    assert served == [(("synclane.demo.app:app",), {"work_budget_seconds": 540, "work_runs": 1})]
+
+
+def test_flows_serve_py_loads_the_app_first_and_stops_on_an_unreachable_database(
+    tmp_path: Path,
+) -> None:
+    env = {
+        **os.environ,
+        "SYNCLANE_DSN": "postgresql://nobody@127.0.0.1:1/nothing",
+        "PREFECT_API_URL": "http://127.0.0.1:1/api",  # never reached
+        "PREFECT_HOME": str(tmp_path),
+    }
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "flows" / "serve.py")],
+        capture_output=True, text=True, env=env, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert done.stderr.strip().startswith("flows/serve.py: cannot connect to postgresql://nobody@")
+    assert "Traceback" not in done.stderr
 
 
 # -- the block -----------------------------------------------------------------------------
@@ -326,10 +572,13 @@ class TestSyncLaneDatabaseStandards(BlockStandardTestSuite):
 
 
 def test_the_block_round_trips_without_showing_its_secret(
-    prefect_server: None, dsn: str, loaded: ModuleType
+    prefect_server: str, dsn: str, loaded: ModuleType
 ) -> None:
     secret = "postgresql://synclane:s3cret-pw@db.example:5432/sync"
     SyncLaneDatabase(dsn=secret, app_path="prefect_app:app").save("round-trip", overwrite=True)
+    # saving again needs overwrite=True (the docs' snippet says so); without it Prefect refuses
+    with pytest.raises(ValueError, match="already in use"):
+        SyncLaneDatabase(dsn=secret, app_path="prefect_app:app").save("round-trip")
     found = SyncLaneDatabase.load("round-trip")
     assert isinstance(found, SyncLaneDatabase)
     assert found.dsn.get_secret_value() == secret
@@ -340,6 +589,21 @@ def test_the_block_round_trips_without_showing_its_secret(
         SyncLaneDatabase(dsn=secret, app_path="prefect_app")
     SyncLaneDatabase(dsn=dsn, app_path="prefect_app:app").save("ours", overwrite=True)
     assert SyncLaneDatabase.load("ours").get_app() is loaded.app
+
+
+def test_a_server_without_auth_returns_the_blocks_secret_to_any_client(
+    prefect_server: str,
+) -> None:
+    """What docs/prefect.md warns about: the DSN is a secret in the UI and in logs, but a
+    self-hosted server without authentication hands it to whoever asks for it."""
+    import httpx
+
+    secret = "postgresql://synclane:s3cret-pw@db.example:5432/sync"
+    SyncLaneDatabase(dsn=secret, app_path="prefect_app:app").save("exposed", overwrite=True)
+    document_id = SyncLaneDatabase.load("exposed")._block_document_id
+    url = f"{prefect_server}/block_documents/{document_id}"
+    assert "s3cret" not in httpx.get(url).text
+    assert httpx.get(url, params={"include_secrets": "true"}).json()["data"]["dsn"] == secret
 
 
 def test_the_block_is_registered_through_the_prefect_collections_entry_point() -> None:
@@ -358,23 +622,16 @@ def test_the_block_is_registered_through_the_prefect_collections_entry_point() -
     assert Block.get_block_class_from_key("synclane-database") is SyncLaneDatabase
 
 
-def test_prefect_block_register_knows_the_block(prefect_server: None) -> None:
-    from prefect.settings import PREFECT_API_URL
-
-    env = {**os.environ, "PREFECT_API_URL": str(PREFECT_API_URL.value())}
-    done = subprocess.run(
-        [sys.executable, "-m", "prefect", "block", "register", "-m", "synclane.prefect"],
-        capture_output=True, text=True, env=env, timeout=120,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "SyncLane Database" in done.stdout
+def test_prefect_block_register_knows_the_block(prefect_server: str, tmp_path: Path) -> None:
+    out = prefect_cli(
+        prefect_env(prefect_server, tmp_path), "block", "register", "-m", "synclane.prefect"
+    )
+    assert "SyncLane Database" in out
 
 
 def published(key: str) -> tuple[str, Any]:
     """The latest artifact under `key`: its type and its data (JSON text decoded)."""
     from prefect.artifacts import Artifact
-
-    from synclane.prefect.flows import called
 
     found = called(Artifact.get(key))
     assert found is not None, f"no artifact {key!r}"
@@ -382,6 +639,35 @@ def published(key: str) -> tuple[str, Any]:
     return str(found.type), json.loads(data) if isinstance(
         data, str
     ) and found.type == "table" else data
+
+
+def versions(key: str) -> int:
+    """How many versions of the artifact `key` the server holds."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    with get_client(sync_client=True) as client:
+        return len(
+            client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])))
+        )
+
+
+def server_events(api_url: str, table: str) -> list[dict[str, Any]]:
+    """The synclane events the server stored about jobs of this table."""
+    import httpx
+
+    body = {
+        "filter": {
+            "event": {"prefix": ["synclane."]},
+            "resource": {"id_prefix": [f"synclane.job.{table}."]},
+            "occurred": {"since": (datetime.now(UTC) - timedelta(hours=1)).isoformat()},
+        },
+        "limit": 50,  # the most the server answers in one page; the tests need fewer
+    }
+    answer = httpx.post(f"{api_url}/events/filter", json=body, timeout=30)
+    answer.raise_for_status()
+    found: list[dict[str, Any]] = answer.json()["events"]
+    return found
 
 
 # -- the flows, as Prefect flow runs --------------------------------------------------------
@@ -396,13 +682,17 @@ def test_plan_then_work_completes_jobs_and_publishes_progress(
     from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
     from prefect.logging.handlers import APILogHandler
 
-    assert plan(database=block) == {"shops": 12, "slow": 1}
-    kind, rows = published(artifact_key(schema, "progress", "shops"))
+    table = table_identity(loaded.app)
+    assert plan(database=block, queue="shops") == {"shops": 12}
+    progress_key = artifact_key(table, "progress", "shops")
+    kind, rows = published(progress_key)
     assert kind == "table"
     assert len(rows) == 6  # three owners × two types, nothing loaded yet
     assert {r["slices_completed"] for r in rows} == {0}
-    kind, summary = published(artifact_key(schema, "plan"))
+    kind, summary = published(artifact_key(table, "plan"))
     assert kind == "markdown" and "| shops | 12 |" in summary
+    assert plan(database=block, queue="shops") == {"shops": 0}
+    assert versions(progress_key) == 1  # nothing changed: no new version
 
     # What PREFECT_LOGGING_EXTRA_LOGGERS=synclane does in a deployment's run process.
     handler = APILogHandler()
@@ -417,8 +707,9 @@ def test_plan_then_work_completes_jobs_and_publishes_progress(
     assert state.result() == {"completed": 10, "failed": 2}
     assert set(loaded.app.jobs("shops")["status"]) == {"completed", "failed"}
 
-    assert plan(database=block, queue="shops") == {"shops": 0}
-    _, rows = published(artifact_key(schema, "progress", "shops"))
+    assert plan(database=block, queue="shops", artifacts_every_minutes=0) == {"shops": 0}
+    assert versions(progress_key) == 2  # history loaded: a new version
+    _, rows = published(progress_key)
     loaded_orders = {r["owner"]: r["slices_completed"] for r in rows if r["type"] == "orders"}
     assert loaded_orders == {"acme-us": 2, "acme-eu": 2, "globex": 0}
 
@@ -433,12 +724,145 @@ def test_plan_then_work_completes_jobs_and_publishes_progress(
             assert time.monotonic() < deadline, lines
             time.sleep(0.2)
     assert any("completed" in line for line in lines if line.startswith("synclane: "))
-    for text in [*lines, summary, json.dumps(rows)]:
+    kind, report = published(artifact_key(table, "work"))
+    assert kind == "markdown" and "nothing was left to do" in report
+    assert "## Failed: retried later" in report and "LookupError: order" in report
+    for text in [*lines, summary, json.dumps(rows), report]:
         assert dsn not in str(text)
 
-    # the two failed globex slices, by their failure cause
-    cause = str(loaded.app.failures("shops")["cause"].iloc[0])
-    assert requeue(queue="shops", cause=cause, app_path="prefect_app:app") == 2
+    # the two failed globex slices, by the id of their failure cause
+    cause_id = str(loaded.app.failures("shops")["cause_id"].iloc[0])
+    assert requeue(queue="shops", cause_id=cause_id, app_path="prefect_app:app") == 2
+    with pytest.raises(ConfigError, match="did you mean 'shops'"):
+        requeue(queue="shop", app_path="prefect_app:app")
+
+
+def test_a_work_run_that_abandons_jobs_ends_failed_and_prefect_sees_why(
+    block: str, prefect_server: str, loaded: ModuleType
+) -> None:
+    table = table_identity(loaded.app).slug
+    plan(database=block, queue="alerts")
+    state = work(database=block, queues=["alerts"], budget_seconds=30, until_idle=True,
+                 idle_grace_seconds=0, return_state=True)  # fmt: skip
+    assert state.is_failed()
+    assert state.message is not None and state.message.startswith("3 job(s) abandoned")
+    _, report = published(artifact_key(table_identity(loaded.app), "work"))
+    assert "## Abandoned" in report and "Abandon: the account was closed" in report
+
+    wanted = {"abandoned": 3, "deferred": 3, "throttled": 1, "first_load_finished": 1}
+
+    def arrived() -> list[dict[str, Any]] | None:
+        found = server_events(prefect_server, table)
+        kinds = [e["event"].removeprefix("synclane.job.") for e in found]
+        return found if all(kinds.count(k) == n for k, n in wanted.items()) else None
+
+    found = eventually(arrived, 30, f"the events {wanted} on the server")
+    assert {e["event"] for e in found} == {f"synclane.job.{kind}" for kind in wanted}
+    abandoned = next(e for e in found if e["event"] == "synclane.job.abandoned")
+    assert abandoned["resource"]["synclane.owner"] == "stuck"
+    assert abandoned["resource"]["synclane.queue"] == "alerts"
+    assert abandoned["payload"]["error"] == "Abandon: the account was closed"
+    roles = {r["prefect.resource.role"]: r["prefect.resource.id"] for r in abandoned["related"]}
+    assert roles["owner"] == f"synclane.owner.{table}.stuck"
+    assert roles["queue"] == f"synclane.queue.{table}.alerts"
+    assert roles["type"] == f"synclane.type.{table}.alerts.orders"
+    assert roles["flow-run"] == f"prefect.flow-run.{state.state_details.flow_run_id}"
+    finished = next(e for e in found if e["event"] == "synclane.job.first_load_finished")
+    assert finished["resource"]["synclane.owner"] == "fine"
+
+
+def test_a_lost_lease_reaches_prefect_as_an_event(
+    block: str, prefect_server: str, loaded: ModuleType
+) -> None:
+    """The job is cancelled while its page is in flight: the worker's next guarded write
+    matches no row, so it stops the job and says so."""
+    plan(database=block, queue="slow")
+
+    def cancel_mid_page() -> None:
+        if loaded.PAGE_IN_FLIGHT.wait(30):
+            loaded.app.cancel("slow", "initech", "the account disconnected")
+            loaded.RELEASE.set()
+
+    threading.Thread(target=cancel_mid_page, daemon=True).start()
+    report = work(database=block, queues=["slow"], budget_seconds=30, until_idle=True,
+                  idle_grace_seconds=0)  # fmt: skip
+    assert report == {"lost": 1}
+    table = table_identity(loaded.app).slug
+    found = eventually(
+        lambda: [e for e in server_events(prefect_server, table)
+                 if e["event"] == "synclane.job.lease_lost"],
+        30, "a lease_lost event on the server",
+    )  # fmt: skip
+    assert found[0]["resource"]["synclane.owner"] == "initech"
+
+
+class Webhook(BaseHTTPRequestHandler):
+    received: ClassVar[list[dict[str, Any]]] = []
+
+    def do_POST(self) -> None:
+        length = int(self.headers["Content-Length"])
+        Webhook.received.append(json.loads(self.rfile.read(length)))
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_the_automation_of_flows_alerts_py_notifies_on_an_abandoned_job(
+    block: str, prefect_server: str, loaded: ModuleType, tmp_path: Path
+) -> None:
+    from prefect.blocks.notifications import CustomWebhookNotificationBlock
+
+    server = HTTPServer(("127.0.0.1", 0), Webhook)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    Webhook.received.clear()
+    try:
+        CustomWebhookNotificationBlock(
+            name="synclane-test",
+            url=f"http://127.0.0.1:{server.server_port}/hook",
+            json_data={"subject": "{{subject}}", "body": "{{body}}"},
+            allow_private_urls=True,  # the test's webhook listens on localhost
+        ).save("synclane-alerts", overwrite=True)
+        # the command docs/prefect.md shows
+        done = subprocess.run(
+            [sys.executable, str(ROOT / "flows" / "alerts.py"), "custom-webhook/synclane-alerts"],
+            capture_output=True, text=True, env=prefect_env(prefect_server, tmp_path),
+            timeout=120,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.startswith("automation 'synclane: job abandoned' created: ")
+
+        plan(database=block, queue="alerts")
+        state = work(database=block, queues=["alerts"], budget_seconds=30, until_idle=True,
+                     idle_grace_seconds=0, fail_on_abandoned=False, return_state=True)  # fmt: skip
+        assert state.is_completed()  # jobs were abandoned, and the run was told not to fail
+        eventually(lambda: len(Webhook.received) >= 3, 60, "three notifications")
+    finally:
+        server.shutdown()
+    table = table_identity(loaded.app).slug
+    subjects = {n["subject"] for n in Webhook.received}
+    assert subjects == {"synclane: job stuck abandoned"}
+    body = Webhook.received[0]["body"]
+    assert "of queue alerts was abandoned and waits for a human" in body
+    assert "error: Abandon: the account was closed" in body and f"table: {table}" in body
+
+
+def test_the_automation_yaml_in_the_docs_is_the_one_flows_alerts_py_installs() -> None:
+    from prefect.events.schemas.automations import AutomationCore
+
+    text = (ROOT / "docs" / "prefect.md").read_text()
+    (document,) = [
+        yaml.safe_load(block)
+        for block in re.findall(r"```yaml\n(.*?)```", text, re.S)
+        if "(from YAML)" in block
+    ]
+    from_docs = AutomationCore.model_validate(document)
+    installed = runpy.run_path(str(ROOT / "flows" / "alerts.py"))["abandoned_jobs"](uuid.uuid4())
+    assert from_docs.trigger.model_dump(exclude={"id"}) == installed.trigger.model_dump(
+        exclude={"id"}
+    )
+    assert [a.type for a in from_docs.actions] == ["send-notification"]
 
 
 def test_a_cancelled_work_run_hands_its_job_back_with_its_cursor(
@@ -466,18 +890,348 @@ def test_a_cancelled_work_run_hands_its_job_back_with_its_cursor(
     job = loaded.app.jobs("slow").iloc[0]
     assert (job["status"], job["cursor"], job["processed_count"]) == ("pending", "page-2", 10)
     assert job["attempt_count"] == 0
+    _, report = published(artifact_key(table_identity(loaded.app), "work"))
+    assert "it was interrupted (TerminationSignal) and handed its jobs back" in report
+    assert "| 0 | 0 | 0 | 0 | 0 | 1 | 0 | 0 |" in report
 
 
-def test_backfill_widens_history_and_reports_progress(
-    block: str, schema: str, loaded: ModuleType
+def test_a_backfill_stops_waiting_for_abandoned_slices_and_ends_failed(
+    block: str, dsn: str, schema: str, loaded: ModuleType
 ) -> None:
-    plan(database=block, queue="shops")
-    result = backfill(
-        queue="shops", type="orders", horizon_days=120, owners=["acme-us"], database=block,
-        budget_seconds=0,
-    )  # fmt: skip
-    assert result == {"added": 2, "percent": 0.0}
-    kind, percent = published(artifact_key(schema, "backfill", "shops", "orders"))
+    plan(database=block, queue="alerts")
+    asked = {"queue": "alerts", "type": "orders", "horizon_days": 120, "owners": ["fine", "stuck"]}
+    result = backfill(**asked, database=block, budget_seconds=0)  # widen only
+    assert result == {"added": 4, "slices": 8, "loaded": 0, "abandoned": 0, "cancelled": 0,
+                      "open": 8, "percent": 0.0}  # fmt: skip
+    table = table_identity(loaded.app)
+    kind, percent = published(artifact_key(table, "backfill", "alerts", "orders"))
     assert kind == "progress" and float(percent) == 0.0
-    _, rows = published(artifact_key(schema, "backfill", "shops", "orders", "owners"))
-    assert [(r["owner"], r["slices_total"]) for r in rows] == [("acme-us", 4)]
+
+    worker = prefect_app.build(dsn, schema)  # loads the slices while the backfill watches
+    loading = threading.Thread(
+        target=worker.run_worker,
+        args=(["alerts"],),
+        kwargs={"stop_after": 60, "until_idle": True, "idle_grace": 0},
+    )
+    loading.start()
+    try:
+        state = backfill(**asked, database=block, budget_seconds=60, poll_seconds=0.5,
+                         return_state=True)  # fmt: skip
+    finally:
+        loading.join(90)
+        worker.close()
+    assert state.is_failed()
+    assert state.message is not None
+    assert state.message.startswith("4 of 8 slice(s) loaded (50.0 %), 4 abandoned")
+    _, rows = published(artifact_key(table, "backfill", "alerts", "orders", "owners"))
+    assert sorted((r["owner"], r["slices_total"], r["slices_completed"]) for r in rows) == [
+        ("fine", 4, 4),
+        ("stuck", 4, 0),
+    ]
+
+
+def test_serve_checks_the_app_then_serves_without_pausing_on_shutdown(
+    prefect_server: str, loaded: ModuleType, dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import prefect
+
+    served: dict[str, Any] = {}
+    monkeypatch.setattr(prefect, "serve", lambda *d, **kw: served.update(deployments=d, **kw))
+    monkeypatch.setenv("PREFECT_LOGGING_EXTRA_LOGGERS", "httpx")
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        serve("prefect_app:app", dsn=dsn, work_budget_seconds=120)
+        assert signal.getsignal(signal.SIGINT) is not previous  # Ctrl-C as SIGTERM
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert served["pause_on_shutdown"] is False
+    assert len(served["deployments"]) == 4
+    assert os.environ["SYNCLANE_DSN"] == dsn  # what the served runs inherit
+    assert os.environ["PREFECT_LOGGING_EXTRA_LOGGERS"] == "httpx,synclane"
+    with pytest.raises(ConfigError, match="cannot import"):
+        serve("no_such_module_here:app")
+
+
+def test_ctrl_c_on_serve_hands_the_running_work_runs_jobs_back(
+    prefect_server: str, lane: SyncLane, dsn: str, schema: str, tmp_path: Path
+) -> None:
+    """`synclane serve` (here the same function in a process of its own) serves the test app; a
+    planning run starts a work run, whose `slow` job waits in its second page; Ctrl-C on the
+    serving process cancels the run, which hands the job back with its cursor."""
+    from prefect.client.orchestration import get_client
+
+    env = {
+        **prefect_env(prefect_server, tmp_path),
+        "SYNCLANE_DSN": dsn,
+        "SYNCLANE_PREFECT_TEST_SCHEMA": schema,
+        "PREFECT_RUNNER_POLL_FREQUENCY": "2",
+    }
+    log = tmp_path / "serve.log"
+    serving = subprocess.Popen(
+        [sys.executable, "-c",
+         "from synclane.prefect import serve; serve('prefect_app:app', work_budget_seconds=60)"],
+        cwd=ROOT / "tests", env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        eventually(lambda: b"being served" in log.read_bytes(), 120, "serve to start")
+        with get_client(sync_client=True) as client:
+            planning = client.read_deployment_by_name("synclane-plan/prefect_app")
+            client.create_flow_run_from_deployment(planning.id)
+
+        def in_second_page() -> bool:
+            jobs = lane.jobs("slow")
+            return len(jobs) == 1 and str(jobs.iloc[0]["cursor"]) == "page-2"
+
+        eventually(in_second_page, 120, "the work run to reach the slow job's second page")
+        serving.send_signal(signal.SIGINT)
+        assert serving.wait(60) == 0
+    finally:
+        serving.kill()
+    job = lane.jobs("slow").iloc[0]
+    assert (job["status"], job["cursor"], job["attempt_count"]) == ("pending", "page-2", 0)
+    (run,) = [r for r in flow_runs("synclane-work/prefect_app") if r.state.is_final()]
+    assert run.state.is_cancelled()
+
+
+# -- many machines: a process work pool, real workers ---------------------------------------
+
+
+@dataclass
+class Pool:
+    """flows/prefect.yaml deployed on the test server for prefect_app, and its workers."""
+
+    api_url: str
+    env: dict[str, str]
+    schema: str
+    served: dict[str, tuple[str, str | None, str | None]]  # name: (id, entrypoint, pool)
+    late_plan_runs: list[uuid.UUID]
+    workers: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    logs: dict[str, Path] = field(default_factory=dict)
+    orphans: list[int] = field(default_factory=list)
+
+    def submitted(self, worker: str, *, aborted_too: bool = False) -> list[str]:
+        """The flow runs this worker started, in order (with `aborted_too`, also those the
+        server refused to start, e.g. cancelled by a deployment's concurrency limit)."""
+        text = self.logs[worker].read_text(errors="replace")
+        picked = re.findall(r"Worker '[^']+' submitting flow run '([0-9a-f-]+)'", text)
+        aborted = set(re.findall(r"Aborted submission of flow run '([0-9a-f-]+)'", text))
+        return picked if aborted_too else [run for run in picked if run not in aborted]
+
+
+WORK_BUDGET = 5
+
+
+@pytest.fixture(scope="module")
+def pool(prefect_server: str, dsn: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
+    """What docs/prefect.md does to go from one machine to several, on the test server: a
+    served app first; then a process work pool and two work workers (machines A and B); the
+    pool project (flows/prefect.yaml for prefect_app: its block, its folder and schema, the
+    `spread` queue, short runs) deployed with `prefect deploy --all`; N raised to 2 with
+    `prefect gcl update`; four plan runs missed during "downtime"; then the plan worker, which
+    finds all four late."""
+    import psutil
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate
+    from prefect.states import Scheduled
+    from prefect.workers.process import ProcessWorker
+
+    home = tmp_path_factory.mktemp("prefect-home")
+    env = prefect_env(prefect_server, home)
+    schema = f"test_pool_{uuid.uuid4().hex[:10]}"
+    app = prefect_app.build(dsn, schema)
+    SyncLaneDatabase(dsn=dsn, app_path="prefect_app:app").save("pool-db", overwrite=True)
+    served = {}
+    with get_client(sync_client=True) as client:
+        for deployment in deployments("prefect_app:app"):
+            called(deployment.apply())
+            name = f"{deployment.flow_name}/{deployment.name}"
+            found = client.read_deployment_by_name(name)
+            served[name] = (str(found.id), found.entrypoint, found.work_pool_name)
+        # what `prefect work-pool create synclane --type process` does
+        client.create_work_pool(
+            WorkPoolCreate(
+                name="synclane",
+                type="process",
+                base_job_template=ProcessWorker.get_default_base_job_template(),
+            )
+        )
+    made = Pool(prefect_server, env, schema, served, [])
+
+    def start_worker(name: str, queue: str) -> None:
+        log = made.logs[name] = home / f"worker-{name}.log"
+        limit = ["--limit", "1"] if queue == "work" else []
+        made.workers[name] = subprocess.Popen(
+            [sys.executable, "-m", "prefect", "worker", "start", "--pool", "synclane",
+             "--work-queue", queue, "--name", f"machine-{name}", *limit],
+            env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT,
+        )  # fmt: skip
+
+    # The machines' workers start first (their start-up is the slow part); the plan worker
+    # starts after the "downtime", when four plan runs are late.
+    start_worker("A", "work")
+    start_worker("B", "work")
+    try:
+        project = yaml.safe_load((ROOT / "flows" / "prefect.yaml").read_text())
+        pull = project["pull"][0]["prefect.deployments.steps.set_working_directory"]
+        pull["directory"] = str(ROOT / "tests")
+        for deployment in project["deployments"]:
+            deployment["parameters"]["database"] = "pool-db"
+            variables = deployment["work_pool"]["job_variables"]
+            variables["env"]["SYNCLANE_PREFECT_TEST_SCHEMA"] = schema
+            if deployment["entrypoint"].endswith(":work"):
+                deployment["parameters"].update(queues=["spread"], budget_seconds=WORK_BUDGET)
+                deployment["concurrency_limit"]["limit"] = 1
+        folder = tmp_path_factory.mktemp("project")
+        (folder / "prefect.yaml").write_text(yaml.safe_dump(project, sort_keys=False))
+        prefect_cli(env, "deploy", "--all", cwd=folder)
+        with get_client(sync_client=True) as client:
+            work_id = client.read_deployment_by_name("synclane-work/demo-pool").id
+            plan_id = client.read_deployment_by_name("synclane-plan/demo-pool").id
+            # N = 2, the way docs/prefect.md raises it
+            prefect_cli(env, "gcl", "update", f"deployment:{work_id}", "--limit", "2")
+            now = datetime.now(UTC)
+            made.late_plan_runs = [
+                client.create_flow_run_from_deployment(
+                    plan_id, state=Scheduled(scheduled_time=now - timedelta(minutes=minutes))
+                ).id
+                for minutes in (10, 9, 8, 7)
+            ]
+        start_worker("P", "plan")
+        yield made
+    finally:
+        children: list[psutil.Process] = []
+        for process in made.workers.values():
+            with contextlib.suppress(psutil.NoSuchProcess):
+                children += psutil.Process(process.pid).children(recursive=True)
+            process.kill()
+            process.wait(30)
+        for pid in [*(child.pid for child in children), *made.orphans]:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                psutil.Process(pid).terminate()
+        psutil.wait_procs(children, timeout=30)
+        app.close()
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+
+
+def flow_runs(deployment: str) -> list[Any]:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+
+    with get_client(sync_client=True) as client:
+        found = client.read_deployment_by_name(deployment)
+        return client.read_flow_runs(
+            deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[found.id]))
+        )
+
+
+def run_state(run_id: str | uuid.UUID) -> Any:
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        return client.read_flow_run(uuid.UUID(str(run_id))).state
+
+
+def test_deploying_the_pool_project_leaves_served_deployments_alone(pool: Pool) -> None:
+    from prefect.client.orchestration import get_client
+
+    assert set(pool.served) == {f"synclane-{flow_name}/prefect_app" for flow_name in FLOWS}
+    with get_client(sync_client=True) as client:
+        for name, (served_id, entrypoint, work_pool) in pool.served.items():
+            served = client.read_deployment_by_name(name)
+            assert (str(served.id), served.entrypoint, served.work_pool_name) == (
+                served_id,
+                entrypoint,
+                None,
+            )
+            assert work_pool is None
+            pooled = client.read_deployment_by_name(name.replace("/prefect_app", "/demo-pool"))
+            assert pooled.work_pool_name == "synclane" and str(pooled.id) != served_id
+            flow_name = name.split("/")[0].removeprefix("synclane-")
+            assert pooled.work_queue_name == ("work" if flow_name == "work" else "plan")
+    # serving under a name the pool uses is refused before anything is served
+    with pytest.raises(ConfigError, match="already belongs to work pool 'synclane'"):
+        check_served_names(deployments("prefect_app:app", name="demo-pool"))
+
+
+def test_late_plan_runs_after_downtime_collapse_into_one(pool: Pool) -> None:
+    def settled() -> list[Any] | None:
+        states = [run_state(run) for run in pool.late_plan_runs]
+        return states if all(s is not None and s.is_final() for s in states) else None
+
+    states = eventually(settled, 120, "the four late plan runs to end")
+    assert sorted(s.type.value for s in states) == [
+        "CANCELLED",
+        "CANCELLED",
+        "CANCELLED",
+        "COMPLETED",
+    ]
+    picked = pool.submitted("P", aborted_too=True)
+    assert {str(run) for run in pool.late_plan_runs} <= set(picked)  # all four were picked up
+
+
+def test_two_process_workers_share_the_work_one_run_each(pool: Pool) -> None:
+    def first_run(machine: str) -> str | None:
+        for run_id in pool.submitted(machine):
+            state = run_state(run_id)
+            if state is not None and (state.is_running() or state.is_completed()):
+                return run_id
+        return None
+
+    def two_machines() -> tuple[str, str] | None:
+        a, b = first_run("A"), first_run("B")
+        return (a, b) if a and b else None
+
+    first_a, first_b = eventually(two_machines, 120, "a work run on each machine")
+    assert first_a != first_b
+    work_runs = {str(run.id) for run in flow_runs("synclane-work/demo-pool")}
+    assert {first_a, first_b} <= work_runs
+
+    def report_of(run_id: str) -> str | None:
+        from prefect.client.orchestration import get_client
+        from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+        with get_client(sync_client=True) as client:
+            found = client.read_artifacts(
+                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[uuid.UUID(run_id)]))
+            )
+        return found[0].data if found else None
+
+    for run_id in (first_a, first_b):
+        report = eventually(lambda run_id=run_id: report_of(run_id), 90, f"run {run_id} ends")
+        completed = re.search(r"\n\| (\d+) \| \d+ \| \d+ \|", report)
+        assert completed and int(completed[1]) > 0, report  # each machine loaded something
+        eventually(lambda run_id=run_id: run_state(run_id).is_final(), 30, f"{run_id} final")
+        assert run_state(run_id).is_completed()
+
+
+def test_a_drained_machine_finishes_its_run_and_starts_no_other(pool: Pool) -> None:
+    """docs/prefect.md drains machine A with `kill -KILL <worker pid>`: the worker stops taking
+    runs at once; its run in flight goes on in its own process, hands its jobs back at the end
+    of its budget and ends Completed; machine B takes every run after that."""
+    import psutil
+
+    def running_on_a() -> tuple[str, list[psutil.Process]] | None:
+        runs = pool.submitted("A")
+        children = psutil.Process(pool.workers["A"].pid).children(recursive=True)
+        if runs and children and run_state(runs[-1]).is_running():
+            return runs[-1], children
+        return None
+
+    in_flight, children = eventually(running_on_a, 120, "a work run running on machine A")
+    pool.orphans += [child.pid for child in children]
+    pool.workers["A"].kill()
+    pool.workers["A"].wait(30)
+    drained_at = datetime.now(UTC)
+    eventually(lambda: run_state(in_flight).is_final(), 90, "A's last run to end")
+    assert run_state(in_flight).is_completed()
+
+    def started_after_drain() -> list[Any] | None:
+        later = [
+            run for run in flow_runs("synclane-work/demo-pool")
+            if run.start_time is not None and run.start_time > drained_at
+        ]  # fmt: skip
+        return later if any(run.state.is_completed() for run in later) else None
+
+    later = eventually(started_after_drain, 120, "a work run that started after the drain")
+    assert {str(run.id) for run in later} <= set(pool.submitted("B"))

@@ -1,18 +1,21 @@
 """The Prefect flows: plan, work, backfill, requeue.
 
 Each is a thin wrapper: it loads the app (from a `SyncLaneDatabase` block, or from an app path
-with the DSN in $SYNCLANE_DSN), calls a plain function of `synclane.prefect.operations`, and
-publishes the outcome as log lines and artifacts. The sync state stays in PostgreSQL: a flow
-run holds nothing that another run or a plain `synclane work` process could not take over.
+with the DSN in $SYNCLANE_DSN), calls plain functions of `synclane.prefect.operations`, and
+tells Prefect what happened: log lines, artifacts, Prefect events and the run's final state.
+The sync state stays in PostgreSQL: a flow run holds nothing that another run or a plain
+`synclane work` process could not take over.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Coroutine
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
+from uuid import UUID
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import (
@@ -21,23 +24,34 @@ from prefect.artifacts import (
     create_table_artifact,
     update_progress_artifact,
 )
+from prefect.client.schemas.objects import State
+from prefect.context import FlowRunContext
+from prefect.events import emit_event
+from prefect.states import Completed, Failed
 
 from synclane.app import SyncLane
+from synclane.events import Event
 from synclane.model import ConfigError
 from synclane.prefect.blocks import SyncLaneDatabase
+from synclane.prefect.identity import TableIdentity, artifact_key, table_identity
 from synclane.prefect.operations import (
+    STOP_GRACE_SECONDS,
+    WORK_BUDGET_SECONDS,
+    History,
     Row,
-    artifact_key,
+    check_queues,
     load_app,
-    loaded_percent,
     plan_summary,
     progress_rows,
     run_worker_until_stopped,
     watch_history,
     widen_history,
+    worth_publishing,
 )
+from synclane.prefect.reporting import PREFECT_EVENT_KINDS, WorkLog, prefect_event, work_outcome
+from synclane.prefect.runs import keep_work_runs, latest_table
 
-WORK_BUDGET_SECONDS = 540
+__all__ = ["WORK_BUDGET_SECONDS", "backfill", "plan", "requeue", "work"]
 
 T = TypeVar("T")
 
@@ -76,31 +90,107 @@ def _log_synclane_at_info() -> None:
         logger.setLevel(logging.INFO)
 
 
+def _this_run() -> tuple[UUID | None, UUID | None]:
+    """(this flow run's id, its deployment's id); None outside a run or a deployment."""
+    context = FlowRunContext.get()
+    if context is None or context.flow_run is None:
+        return None, None
+    return context.flow_run.id, context.flow_run.deployment_id
+
+
+RunLogger = logging.Logger | logging.LoggerAdapter[Any]
+
+
+def _keep_work_runs(
+    deployment: str | UUID, logger: RunLogger, exclude: UUID | None = None
+) -> list[UUID]:
+    topped = keep_work_runs(deployment, exclude=exclude)
+    for run in topped.overdue:
+        logger.warning(
+            "work run %s has been Running since %s, far beyond its budget: its process is "
+            "probably gone (a lost machine); it no longer counts. Mark it Crashed in the UI.",
+            run.name,
+            run.start_time,
+        )
+    if topped.started:
+        logger.info(
+            "work deployment %s: %d of %d run(s) working, started %d more",
+            topped.deployment,
+            topped.active,
+            topped.limit,
+            len(topped.started),
+        )
+    return topped.started
+
+
 @flow(name="synclane-plan")
 def plan(
-    database: str | None = None, app_path: str | None = None, queue: str | None = None
+    database: str | None = None,
+    app_path: str | None = None,
+    queue: str | None = None,
+    work_deployment: str | None = None,
+    artifacts_every_minutes: float = 10,
 ) -> dict[str, int]:
     """Plan every queue (or one): add the jobs that should exist and do not. Publishes a
-    progress table per queue (one row per owner and type) and a markdown summary."""
+    progress table per queue (one row per owner and type) and a markdown summary when the
+    progress changed, at most every `artifacts_every_minutes`. With `work_deployment`
+    ('synclane-work/<name>'), then starts runs of that deployment until as many work as its
+    concurrency limit says."""
     app = app_for(database, app_path)
     logger = get_run_logger()
-    added = app.plan(queue)
-    for name, count in added.items():
-        logger.info("queue %s: %d new job(s)", name, count)
-    progress: dict[str, list[Row]] = {}
-    for name in added:
-        rows = progress[name] = progress_rows(app, name)
-        create_table_artifact(
-            rows,
-            key=artifact_key(app.schema, "progress", name),
-            description=f"How far the first load of each owner and type of queue `{name}` is.",
-        )
-    create_markdown_artifact(
-        plan_summary(added, progress),
-        key=artifact_key(app.schema, "plan"),
-        description="What the last planning run added.",
-    )
+    try:
+        queues = check_queues(app, None if queue is None else [queue])
+        added = app.plan(queue)
+        for name, count in added.items():
+            logger.info("queue %s: %d new job(s)", name, count)
+        _publish_progress(app, queues, added, timedelta(minutes=artifacts_every_minutes))
+    finally:
+        # Work goes on even when planning failed (an owner source that is down).
+        if work_deployment:
+            _keep_work_runs(work_deployment, logger)
     return added
+
+
+def _publish_progress(
+    app: SyncLane, queues: list[str], added: dict[str, int], every: timedelta
+) -> None:
+    table = table_identity(app)
+    progress: dict[str, list[Row]] = {}
+    changed = False
+    now = datetime.now(UTC)
+    for name in queues:
+        rows = progress[name] = progress_rows(app, name)
+        key = artifact_key(table, "progress", name)
+        previous, previous_at = latest_table(key)
+        if worth_publishing(rows, previous, previous_at, now, every):
+            changed = True
+            create_table_artifact(
+                rows,
+                key=key,
+                description=(
+                    f"How far the first load of each owner and type of queue `{name}` is "
+                    f"({table.label})."
+                ),
+            )
+    if changed:
+        create_markdown_artifact(
+            plan_summary(added, progress),
+            key=artifact_key(table, "plan"),
+            description=f"What planning added, and how far history is ({table.label}).",
+        )
+
+
+class PrefectEvents:
+    """A worker listener that sends the events a team alerts on to Prefect (see
+    `synclane.prefect.reporting`). `emit_event` only queues the event for Prefect's own sender
+    thread, so the listener returns at once, as the worker's event loop needs."""
+
+    def __init__(self, table: TableIdentity) -> None:
+        self.table = table
+
+    def __call__(self, event: Event) -> None:
+        if event.kind in PREFECT_EVENT_KINDS:
+            emit_event(**prefect_event(event, self.table))
 
 
 @flow(name="synclane-work")
@@ -110,22 +200,105 @@ def work(
     queues: list[str] | None = None,
     budget_seconds: float = WORK_BUDGET_SECONDS,
     until_idle: bool = False,
-) -> dict[str, int]:
-    """Run worker slots for `budget_seconds` (or until nothing is left with `until_idle`), then
-    hand running jobs back with their cursors and return what the slots did. A cancelled run
+    idle_grace_seconds: float = 30,
+    fail_on_abandoned: bool = True,
+    stop_grace_seconds: float = STOP_GRACE_SECONDS,
+) -> dict[str, int] | State:
+    """Run worker slots for `budget_seconds` (or, with `until_idle`, until nothing runs and
+    nothing becomes due within `idle_grace_seconds`), then hand running jobs back with their
+    cursors and return what the slots did. A page in flight when the budget ends may end within
+    `stop_grace_seconds`; a job whose page was cut off 3 times in a row with nothing saved fails
+    an attempt with an error that names the stop grace (a page longer than the budget). Sends
+    Prefect events for deferred and abandoned jobs, finished first loads, throttled lanes and
+    lost leases; publishes a report artifact.
+    The run ends Failed when a job was abandoned in it (unless `fail_on_abandoned` is off). A
+    run of a deployment that used its whole budget asks for its successor. A cancelled run
     hands its jobs back through the same path before it ends."""
     app = app_for(database, app_path)
     logger = get_run_logger()
-    worker = app.worker(queues, budget_seconds, until_idle=until_idle)
+    names = check_queues(app, queues)
+    table = table_identity(app)
+    worklog = WorkLog()
+    worker = app.worker(
+        names,
+        budget_seconds,
+        until_idle=until_idle,
+        idle_grace=idle_grace_seconds,
+        stop_grace=stop_grace_seconds,
+        on_event=[worklog, PrefectEvents(table)],
+    )
     logger.info(
-        "working queues %s for up to %.0f s as %s",
-        ", ".join(q.name for q in worker.queues),
+        "working queues %s of %s for up to %.0f s as %s",
+        ", ".join(names),
+        table.label,
         budget_seconds,
         app.worker_name,
     )
-    report = run_worker_until_stopped(worker)
+    began = time.monotonic()
+    interruption: BaseException | None = None
+    try:
+        report = run_worker_until_stopped(worker)
+    except BaseException as error:
+        interruption = error
+        raise
+    finally:
+        seconds = time.monotonic() - began
+        ended = _why_it_stopped(interruption, until_idle, seconds, budget_seconds)
+        _publish_work_report(worklog, names, app, table, seconds, ended, dict(worker.report))
     logger.info("worker report: %s", report or "nothing to do")
+    run_id, deployment_id = _this_run()
+    if deployment_id is not None and ended == BUDGET_USED:
+        # Ask for the successor now rather than at the next planning run: the run's slot in
+        # the deployment's limit is free within seconds. The plan runs start it otherwise.
+        try:
+            _keep_work_runs(deployment_id, logger, exclude=run_id)
+        except Exception as error:  # the Prefect API is away: not a reason to fail this run
+            logger.warning("could not start this run's successor: %s", error)
+    failure = work_outcome(report, worklog, fail_on_abandoned)
+    if failure is not None:
+        return Failed(message=failure)
     return report
+
+
+BUDGET_USED = "its time budget was used"
+
+
+def _why_it_stopped(
+    interruption: BaseException | None, until_idle: bool, seconds: float, budget: float
+) -> str:
+    if interruption is not None:
+        return f"it was interrupted ({type(interruption).__name__}) and handed its jobs back"
+    if until_idle and seconds < budget - 1:
+        return "nothing was left to do"
+    return BUDGET_USED
+
+
+def _publish_work_report(
+    worklog: WorkLog,
+    queues: list[str],
+    app: SyncLane,
+    table: TableIdentity,
+    seconds: float,
+    ended: str,
+    report: dict[str, int],
+) -> None:
+    """The run's report as a markdown artifact; a failure to publish it is logged, never
+    raised (it must not hide why the run ended)."""
+    try:
+        create_markdown_artifact(
+            worklog.markdown(
+                queues=queues,
+                worker=app.worker_name,
+                table=table,
+                seconds=seconds,
+                ended=ended,
+                report=report,
+            ),
+            key=artifact_key(table, "work"),
+            description=f"What a work run did and what failed ({table.label}).",
+        )
+    except Exception as error:  # the Prefect API is away, or the run is being torn down
+        logging.getLogger("synclane").warning("could not publish the work report: %s", error)
 
 
 @flow(name="synclane-backfill")
@@ -138,48 +311,75 @@ def backfill(
     app_path: str | None = None,
     budget_seconds: float = 3600,
     poll_seconds: float = 10,
-) -> dict[str, Any]:
+) -> dict[str, Any] | State:
     """Widen the history of one windowed type back to `horizon_days` for every connected owner
-    (or only `owners`), then report in a progress artifact how far it is loaded, until it is
-    or `budget_seconds` have passed. The work deployment's runs do the loading."""
+    (or only `owners`), then report in a progress artifact how far it is loaded, until every
+    slice is loaded or stopped for good (abandoned, cancelled) or `budget_seconds` have passed
+    (0: do not wait). The work deployment's runs do the loading. Ends Completed when every
+    slice loaded (or it did not wait), Failed when some were stopped for good or the budget
+    ended first; the state's message says which."""
     app = app_for(database, app_path)
     logger = get_run_logger()
+    check_queues(app, [queue])
     horizon = timedelta(days=horizon_days)
     added = widen_history(app, queue, type, horizon, owners)
     who = "every connected owner" if owners is None else ", ".join(owners)
     logger.info(
         "%s.%s back to %s days for %s: %d new slice(s)", queue, type, horizon_days, who, added
     )
-    key = artifact_key(app.schema, "backfill", queue, type)
+    table = table_identity(app)
     artifact_id = called(
         create_progress_artifact(
-            0.0, key=key, description=f"History of {queue}.{type} loaded ({who})."
+            0.0,
+            key=artifact_key(table, "backfill", queue, type),
+            description=f"History of {queue}.{type} loaded ({who}; {table.label}).",
         )
     )
     last: list[float] = []
 
-    def report(percent: float, rows: list[Row]) -> None:
-        if last and last[-1] == percent:
+    def report(history: History, rows: list[Row]) -> None:
+        if last and last[-1] == history.percent:
             return
-        last.append(percent)
-        update_progress_artifact(artifact_id, percent)
-        logger.info("%s.%s history: %.1f %% loaded", queue, type, percent)
+        last.append(history.percent)
+        update_progress_artifact(artifact_id, history.percent)
+        logger.info("%s.%s history: %s", queue, type, history.describe())
 
-    rows = watch_history(
+    history, rows = watch_history(
         app,
         queue,
         type,
         owners,
-        budget_seconds=budget_seconds,
+        budget_seconds=max(budget_seconds, 0),
         poll_seconds=poll_seconds,
         report=report,
     )
     create_table_artifact(
         rows,
-        key=artifact_key(app.schema, "backfill", queue, type, "owners"),
+        key=artifact_key(table, "backfill", queue, type, "owners"),
         description=f"History of {queue}.{type} per owner at the end of the backfill.",
     )
-    return {"added": added, "percent": loaded_percent(rows)}
+    result = {"added": added, **history.as_dict()}
+    return _backfill_state(history, result, budget_seconds)
+
+
+def _backfill_state(history: History, result: dict[str, Any], budget_seconds: float) -> State:
+    if budget_seconds <= 0:
+        return Completed(message=f"not waited for: {history.describe()}", data=result)
+    if history.settled and history.loaded == history.total:
+        return Completed(message=history.describe(), data=result)
+    if history.settled:
+        return Failed(
+            message=(
+                f"{history.describe()}: the stopped slices load only once requeued (the "
+                "requeue flow, or app.requeue)"
+            )
+        )
+    return Failed(
+        message=(
+            f"the budget of {budget_seconds:.0f} s ended first: {history.describe()}; the work "
+            "runs go on loading them"
+        )
+    )
 
 
 @flow(name="synclane-requeue")
@@ -190,14 +390,22 @@ def requeue(
     type: str | None = None,
     database: str | None = None,
     app_path: str | None = None,
+    cause_id: str | None = None,
 ) -> int:
     """Give the failed, deferred and abandoned jobs of a queue (of one owner, one type, or one
-    failure cause as shown by `app.failures()`) fresh attempts; cursors are kept."""
+    failure cause as `app.failures()` shows it: its text in `cause`, or its 8 hex digits in
+    `cause_id`) fresh attempts; cursors are kept."""
     app = app_for(database, app_path)
-    count = app.requeue(queue, owner=owner, type=type, cause=cause)
+    check_queues(app, [queue])
+    count = app.requeue(queue, owner=owner, type=type, cause=cause, cause_id=cause_id)
     filters = ", ".join(
         f"{name}={value!r}"
-        for name, value in (("owner", owner), ("type", type), ("cause", cause))
+        for name, value in (
+            ("owner", owner),
+            ("type", type),
+            ("cause", cause),
+            ("cause_id", cause_id),
+        )
         if value is not None
     )
     get_run_logger().info("requeued %d job(s) of queue %s %s", count, queue, filters)

@@ -7,17 +7,17 @@ as logs and artifacts.
 
 from __future__ import annotations
 
-import contextvars
+import difflib
 import json
 import logging
-import re
-import threading
 import time
 from collections.abc import Callable, Sequence
-from datetime import timedelta
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from synclane.app import SyncLane
+from synclane.hosting import run_until_stopped
 from synclane.loading import load_app, split_app_path
 from synclane.model import ConfigError, WindowedType
 
@@ -30,7 +30,36 @@ log = logging.getLogger("synclane")
 
 Row = dict[str, Any]
 
+# How long a work run works before it hands its jobs back and ends (a successor follows): long
+# enough that starting a run is a small cost, short enough that new code and a lost machine
+# are picked up within minutes.
+WORK_BUDGET_SECONDS = 540
+# How long a page in flight may take to end once a work run's budget is used (or the run is
+# cancelled): well within the 10-minute schedule of a 540 s budget.
+STOP_GRACE_SECONDS = 30
+
 # -- the app -------------------------------------------------------------------------------
+
+
+def check_queues(app: SyncLane, names: Sequence[str] | None) -> list[str]:
+    """The queue names a flow run was given, checked: each must be declared by the app. A
+    misspelt name (typed in a deployment's parameters) gets the declared name it is closest to,
+    not advice to declare it."""
+    if names is None:
+        return list(app.queues)
+    if isinstance(names, str):
+        names = [names]
+    declared = list(app.queues)
+    for name in names:
+        if name in app.queues:
+            continue
+        close = difflib.get_close_matches(str(name), declared, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise ConfigError(
+            f"unknown queue {name!r}: {hint}the app declares {', '.join(map(repr, declared))}; "
+            "fix the flow run's queue parameter"
+        )
+    return list(names)
 
 
 # -- reports -------------------------------------------------------------------------------
@@ -96,77 +125,53 @@ def plan_summary(added: dict[str, int], progress: dict[str, list[Row]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def artifact_key(*parts: str) -> str:
-    """A Prefect artifact key (lowercase letters, digits and dashes) made of these parts."""
-    text = "-".join(parts).lower()
-    return re.sub(r"-{2,}", "-", re.sub(r"[^a-z0-9-]", "-", text)).strip("-") or "synclane"
+# Compared to decide whether a progress table changed: what a person acts on (slices loaded and
+# failing, the state), not the record counts and coverage that move with every refresh; the
+# coverage end counts by its day, so a steady system still publishes about once a day.
+_SHAPE = ("owner", "type", "state", "slices_total", "slices_completed", "slices_failed")
+
+
+def progress_shape(rows: Sequence[Row]) -> list[tuple[Any, ...]]:
+    """What of a progress table decides whether it is worth a new artifact version."""
+    return sorted(
+        (*(row.get(name) for name in _SHAPE), str(row.get("coverage_end") or "")[:10])
+        for row in rows
+    )
+
+
+def worth_publishing(
+    rows: Sequence[Row],
+    previous: Sequence[Row] | None,
+    previous_at: datetime | None,
+    now: datetime,
+    every: timedelta,
+) -> bool:
+    """Whether a progress table gets a new artifact version: when there is none yet, or when the
+    progress changed and the latest version is at least `every` old. Planning every minute then
+    adds a version only when something a person acts on moved, and at most one per `every`."""
+    if previous is None or previous_at is None:
+        return True
+    if progress_shape(rows) == progress_shape(previous):
+        return False
+    return now - previous_at >= every
 
 
 # -- working -------------------------------------------------------------------------------
 
 
 def run_worker_until_stopped(
-    worker: Worker, *, poll_seconds: float = 0.5, stop_timeout: float = 60.0
+    worker: Worker, *, poll_seconds: float = 0.5, stop_timeout: float | None = None
 ) -> dict[str, int]:
-    """Run `worker` in a thread of its own and wait for its report.
-
-    Whatever interrupts the waiting thread (Prefect's `TerminationSignal` when a run is
-    cancelled, a `KeyboardInterrupt`) stops the worker through `Worker.stop()`, the same path
-    as SIGTERM or the time budget: each running job goes back to `pending` with its last saved
-    cursor. The waiting thread waits up to `stop_timeout` for that hand-back, then re-raises.
-    The worker thread runs in a copy of the caller's context, so that log lines of the
-    `synclane` logger are attributed to the caller's Prefect flow run."""
-    context = contextvars.copy_context()
-    outcome: dict[str, Any] = {}
-    # Waiting on an Event, not Thread.join: a join interrupted by an exception can mark a
-    # running thread as stopped (CPython 3.11), and then is_alive() lies.
-    finished = threading.Event()
-
-    def target() -> None:
-        try:
-            outcome["report"] = context.run(worker.run)
-        except BaseException as error:
-            outcome["error"] = error
-        finally:
-            finished.set()
-
-    threading.Thread(target=target, name="synclane-worker", daemon=True).start()
-    try:
-        while not finished.wait(poll_seconds):
-            pass
-    except BaseException as interruption:
-        log.warning(
-            "worker %s interrupted (%s): handing its jobs back",
-            worker.name,
-            type(interruption).__name__,
-        )
-        worker.stop()
-        if not _wait_within(finished, stop_timeout, poll_seconds):
-            log.error(
-                "worker %s did not hand its jobs back within %.0f s; their leases will expire",
-                worker.name,
-                stop_timeout,
-            )
-        raise
-    if "error" in outcome:
-        raise outcome["error"]
-    report: dict[str, int] = outcome["report"]
-    return report
-
-
-def _wait_within(finished: threading.Event, timeout: float, poll_seconds: float) -> bool:
-    """Wait for the worker, riding out further interruptions (a runner repeats its SIGTERM)
-    until the deadline: the hand-back under way matters more than a second signal."""
-    deadline = time.monotonic() + timeout
-    while not finished.is_set():
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            return False
-        try:
-            finished.wait(min(poll_seconds, remaining))
-        except BaseException:
-            continue
-    return True
+    """Run `worker` in a thread of its own and wait for its report (synclane.hosting): whatever
+    interrupts the waiting thread (Prefect's `TerminationSignal` when a run is cancelled, a
+    `KeyboardInterrupt`) stops the worker through `Worker.stop()`, and each running job goes
+    back to `pending` with its last saved cursor. The wait for that hand-back lasts the worker's
+    stop grace plus a minute unless `stop_timeout` says otherwise. The worker thread runs in a
+    copy of the caller's context, so that log lines of the `synclane` logger are attributed to
+    the caller's Prefect flow run."""
+    if stop_timeout is None:
+        stop_timeout = worker.stop_grace.total_seconds() + 60.0
+    return run_until_stopped(worker, poll_seconds=poll_seconds, stop_timeout=stop_timeout)
 
 
 # -- backfill ------------------------------------------------------------------------------
@@ -204,6 +209,68 @@ def widen_history(
     return added
 
 
+@dataclass(frozen=True)
+class History:
+    """Where the history slices of one type stand (for some owners, or all)."""
+
+    total: int
+    loaded: int
+    abandoned: int
+    cancelled: int
+
+    @property
+    def open(self) -> int:
+        """Slices that may still load: pending, running, or failed and waiting for a retry."""
+        return self.total - self.loaded - self.abandoned - self.cancelled
+
+    @property
+    def settled(self) -> bool:
+        """Every slice is loaded or stopped for good (abandoned, cancelled)."""
+        return self.open == 0
+
+    @property
+    def percent(self) -> float:
+        return 100.0 if self.total == 0 else round(100.0 * self.loaded / self.total, 1)
+
+    def describe(self) -> str:
+        parts = [f"{self.loaded} of {self.total} slice(s) loaded ({self.percent:.1f} %)"]
+        for count, what in (
+            (self.abandoned, "abandoned"),
+            (self.cancelled, "cancelled"),
+            (self.open, "still open"),
+        ):
+            if count:
+                parts.append(f"{count} {what}")
+        return ", ".join(parts)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "slices": self.total,
+            "loaded": self.loaded,
+            "abandoned": self.abandoned,
+            "cancelled": self.cancelled,
+            "open": self.open,
+            "percent": self.percent,
+        }
+
+
+def history_of(
+    app: SyncLane, queue: str, type: str, owners: Sequence[str] | None, rows: Sequence[Row]
+) -> History:
+    """The history of `type` from its progress rows, with the abandoned slices counted apart
+    from those still retrying (progress() counts both as failed)."""
+    abandoned = app.jobs(queue, status="abandoned", type=type, limit=100_000)
+    abandoned = abandoned[abandoned["mode"] == "initial"]
+    if owners is not None:
+        abandoned = abandoned[abandoned["owner"].isin(list(owners))]
+    return History(
+        total=sum(int(row.get("slices_total") or 0) for row in rows),
+        loaded=sum(int(row.get("slices_completed") or 0) for row in rows),
+        abandoned=len(abandoned),
+        cancelled=sum(int(row.get("slices_cancelled") or 0) for row in rows),
+    )
+
+
 def watch_history(
     app: SyncLane,
     queue: str,
@@ -212,18 +279,18 @@ def watch_history(
     *,
     budget_seconds: float,
     poll_seconds: float,
-    report: Callable[[float, list[Row]], None],
+    report: Callable[[History, list[Row]], None],
     sleep: Callable[[float], None] = time.sleep,
-) -> list[Row]:
-    """Report how far the history of `type` is loaded (for `owners`, or all) every
-    `poll_seconds`, until it is fully loaded or `budget_seconds` have passed. Returns the last
-    progress rows. Workers do the loading; this only looks."""
+) -> tuple[History, list[Row]]:
+    """Report where the history of `type` stands (for `owners`, or all) every `poll_seconds`,
+    until every slice is loaded or stopped for good, or `budget_seconds` have passed. Returns
+    the last state and progress rows. Workers do the loading; this only looks."""
     deadline = time.monotonic() + budget_seconds
     while True:
         rows = progress_rows(app, queue, owners=owners, type=type)
-        report(loaded_percent(rows), rows)
-        done, total = slices(rows)
+        history = history_of(app, queue, type, owners, rows)
+        report(history, rows)
         remaining = deadline - time.monotonic()
-        if done == total or remaining <= 0:
-            return rows
+        if history.settled or remaining <= 0:
+            return history, rows
         sleep(min(poll_seconds, remaining))

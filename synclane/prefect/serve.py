@@ -1,25 +1,31 @@
 """Serve an app's flows as Prefect deployments from one process (`synclane serve`).
 
-For several machines use a work pool instead: see flows/prefect.yaml and docs/prefect.md.
+For several machines use a work pool instead: see flows/prefect.yaml and docs/prefect.md. The
+pool's deployments have names of their own (`demo-pool`), never those served here (named after
+the app's path), so the two never take each other over.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import signal
+import threading
 from collections.abc import MutableMapping
+from types import FrameType
 from typing import TYPE_CHECKING
 
 from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
 
+from synclane.model import ConfigError
 from synclane.prefect.flows import WORK_BUDGET_SECONDS, backfill, called, plan, requeue, work
 from synclane.prefect.operations import load_app, split_app_path
+from synclane.prefect.runs import check_served_names
 
 if TYPE_CHECKING:
     from prefect.deployments.runner import RunnerDeployment
 
 PLAN_CRON = "* * * * *"
-WORK_CRON = "*/10 * * * *"
 
 
 def deployment_name(app_path: str) -> str:
@@ -29,32 +35,47 @@ def deployment_name(app_path: str) -> str:
     return re.sub(r"[^A-Za-z0-9_-]+", "-", "-".join(words)).strip("-")
 
 
+def one_at_a_time(limit: int = 1) -> ConcurrencyLimitConfig:
+    """A deployment concurrency limit that cancels a run which would exceed it, instead of
+    queueing it: late runs released together after downtime collapse into one."""
+    return ConcurrencyLimitConfig(
+        limit=limit, collision_strategy=ConcurrencyLimitStrategy.CANCEL_NEW
+    )
+
+
 def deployments(
     app_path: str,
     *,
     name: str | None = None,
-    work_budget_seconds: int = WORK_BUDGET_SECONDS,
+    work_budget_seconds: float = WORK_BUDGET_SECONDS,
+    work_runs: int = 1,
 ) -> list[RunnerDeployment]:
-    """The four deployments of an app: plan every minute; work every 10 minutes for
-    `work_budget_seconds`, one run at a time (a run that would overlap is cancelled, not
-    queued); backfill and requeue when asked. Served deployments take no job variables: their
-    runs inherit the environment of the serving process instead."""
-    if not 0 < work_budget_seconds < 600:
-        raise ValueError(
-            f"work_budget_seconds={work_budget_seconds} must be between 1 and 599: a work run "
-            "starts every 10 minutes and should end before the next one is due"
+    """The four deployments of an app, named after its path (`synclane-plan/synclane-demo-app`
+    for 'synclane.demo.app:app'): plan every minute, one run at a time, and keep `work_runs`
+    work runs going; work for `work_budget_seconds` per run, at most `work_runs` at once;
+    backfill and requeue when asked. Served deployments take no job variables: their runs
+    inherit the environment of the serving process instead."""
+    if not work_budget_seconds > 0:
+        raise ConfigError(
+            f"work_budget_seconds={work_budget_seconds!r} must be a positive number of seconds, "
+            f"e.g. {WORK_BUDGET_SECONDS}"
         )
+    if not isinstance(work_runs, int) or work_runs < 1:
+        raise ConfigError(f"work_runs={work_runs!r} must be a whole number of runs, 1 or more")
     name = name or deployment_name(app_path)
     app = {"app_path": app_path}
     built = [
-        plan.to_deployment(name, cron=PLAN_CRON, parameters=app, tags=["synclane"]),
+        plan.to_deployment(
+            name,
+            cron=PLAN_CRON,
+            parameters={**app, "work_deployment": f"{work.name}/{name}"},
+            concurrency_limit=one_at_a_time(),
+            tags=["synclane"],
+        ),
         work.to_deployment(
             name,
-            cron=WORK_CRON,
             parameters={**app, "budget_seconds": work_budget_seconds},
-            concurrency_limit=ConcurrencyLimitConfig(
-                limit=1, collision_strategy=ConcurrencyLimitStrategy.CANCEL_NEW
-            ),
+            concurrency_limit=one_at_a_time(work_runs),
             tags=["synclane"],
         ),
         backfill.to_deployment(name, parameters=app, tags=["synclane"]),
@@ -64,22 +85,44 @@ def deployments(
 
 
 def serve(
-    app_path: str, *, dsn: str | None = None, work_budget_seconds: int = WORK_BUDGET_SECONDS
+    app_path: str,
+    *,
+    dsn: str | None = None,
+    name: str | None = None,
+    work_budget_seconds: float = WORK_BUDGET_SECONDS,
+    work_runs: int = 1,
 ) -> None:
     """Serve the app's deployments from this process until it is stopped.
 
     The app is loaded once first, so that a wrong path or an unreachable database fails here
-    rather than in every run. `dsn` (else $SYNCLANE_DSN) reaches the runs through the
-    environment they inherit; it is never a flow parameter, which Prefect would show."""
+    rather than in every run; a deployment name that a work pool's deployment already has is
+    refused (serving would take it over). `dsn` (else $SYNCLANE_DSN) reaches the runs through
+    the environment they inherit; it is never a flow parameter, which Prefect would show."""
     from prefect import serve as prefect_serve
 
     app = load_app(app_path, dsn)
     app.close()
-    _add_extra_logger(os.environ, "synclane")
-    prefect_serve(
-        *deployments(app_path, work_budget_seconds=work_budget_seconds),
-        pause_on_shutdown=False,
+    built = deployments(
+        app_path, name=name, work_budget_seconds=work_budget_seconds, work_runs=work_runs
     )
+    check_served_names(built)
+    _add_extra_logger(os.environ, "synclane")
+    _stop_on_ctrl_c_as_on_sigterm()
+    prefect_serve(*built, pause_on_shutdown=False)
+
+
+def _stop_on_ctrl_c_as_on_sigterm() -> None:
+    """Ctrl-C stops serving the way SIGTERM does. On SIGTERM Prefect's runner cancels its runs
+    (a work run hands its jobs back within a second and ends Cancelled); on Ctrl-C it kills
+    their processes instead, which leaves the jobs to lease expiry and the runs `Running` in
+    Prefect for ever. A second Ctrl-C still stops at once."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def as_sigterm(number: int, frame: FrameType | None) -> None:
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    signal.signal(signal.SIGINT, as_sigterm)
 
 
 def _add_extra_logger(environ: MutableMapping[str, str], logger: str) -> None:

@@ -214,6 +214,8 @@ class Worker:
     async def _stop_later(self, after: timedelta) -> None:
         await asyncio.sleep(after.total_seconds())
         log.info("worker %s: time budget of %s used, stopping", self.name, after)
+        if self._crew is not None:
+            self._crew.budget_used = True  # pages in flight may end within stop_grace
         self.stop()
 
     async def _pause(self, seconds: float) -> None:

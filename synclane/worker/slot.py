@@ -56,8 +56,10 @@ class Crew:
     poll_interval: float
     # After an initial slice completed: tells listeners when its owner's first load is done.
     first_load: Callable[[LeasedJob], Awaitable[None]] | None = None
-    # How long a page in flight may take to end once the worker stops, in seconds.
+    # How long a page in flight may take to end once the worker's time budget is used, in
+    # seconds (a stop asked for, a signal or a cancellation, abandons it at once).
     stop_grace: float = 0.0
+    budget_used: bool = False
     busy: int = 0  # slots running a job now
     # Leases lost while their page may still run: let go once it has stopped.
     releasing: dict[asyncio.Task[None], Lease] = dataclasses.field(default_factory=dict)
@@ -268,7 +270,7 @@ class Slot:
 
     async def _page(self, run: PageRun, job: Job, lease: Lease) -> Page:
         """Wait for one page while renewing the lease; raises Stopping or LeaseLost to unwind.
-        When the worker stops, the page in flight gets `stop_grace` to end."""
+        When the worker's time budget is used, the page in flight gets `stop_grace` to end."""
         stop_waiter = self.crew.stop_waiter
         beat = max(self.settings.lease_duration.total_seconds() / 3, 0.05)
         page = run.task
@@ -287,9 +289,10 @@ class Slot:
                 if page in done:
                     break
                 if deadline is None and stop_waiter in done:
-                    if self.crew.stop_grace <= 0:
+                    grace = self.crew.stop_grace if self.crew.budget_used else 0.0
+                    if grace <= 0:
                         raise Stopping
-                    deadline = time.monotonic() + self.crew.stop_grace
+                    deadline = time.monotonic() + grace
                     continue
                 if deadline is not None and time.monotonic() >= deadline:
                     raise Stopping
