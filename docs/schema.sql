@@ -72,9 +72,13 @@ CREATE UNIQUE INDEX IF NOT EXISTS jobs_dedup_key
 -- is replaced in place.
 DO $migrate$
 BEGIN
-    IF EXISTS (SELECT FROM pg_indexes
-               WHERE schemaname = 'synclane' AND indexname = 'jobs_running_lane'
-                 AND indexdef NOT LIKE '%lane_slot%') THEN
+    -- read from the catalogs by name only (pg_indexes would render every index's definition,
+    -- also of tables other sessions are dropping)
+    IF EXISTS (SELECT FROM pg_catalog.pg_class i
+               JOIN pg_catalog.pg_namespace n ON n.oid = i.relnamespace
+               WHERE n.nspname = 'synclane' AND i.relname = 'jobs_running_lane'
+                 AND NOT EXISTS (SELECT FROM pg_catalog.pg_attribute a
+                                 WHERE a.attrelid = i.oid AND a.attname = 'lane_slot')) THEN
         DROP INDEX "synclane".jobs_running_lane;
     END IF;
 END

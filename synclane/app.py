@@ -238,6 +238,29 @@ class SyncLane(Reads):
         worker learns it at its next page save or heartbeat and stops. Returns how many."""
         return self._operations.cancel(queue, owner, reason, type)
 
+    def pause(self, queue: str, reason: str, *, by: str | None = None) -> dict[str, Any]:
+        """Stop taking from a queue, in every process sharing the table, until `resume`: a
+        running job stops at its next page boundary and is handed back with its cursor, its
+        attempt not used; planning goes on. `by` defaults to user@host. Returns the pause
+        (when, by whom, why); pausing a paused queue keeps when and by whom, takes the reason."""
+        return self._operations.pause(queue, reason, by)
+
+    def resume(self, queue: str) -> bool:
+        """Take from a paused queue again, in every process; False when it was not paused."""
+        return self._operations.resume(queue)
+
+    def set_lane_rate(
+        self,
+        queue: str,
+        rate: Rate | tuple[int, timedelta | float] | None,
+        *,
+        lane: str | None = None,
+    ) -> None:
+        """Change a rate without a deploy: the queue's (it overrides the declared `lane_rate`)
+        or, with `lane`, one lane's (an account on a bigger plan); None goes back to the
+        declared one. Every process applies it at the lane's next page start."""
+        self._operations.set_lane_rate(queue, rate, lane)
+
     def open_jobs(self, queues: Sequence[str] | None = None) -> int:
         """How many jobs of these queues (default: all declared) have not finished."""
         return self._operations.open_jobs(queues)

@@ -205,6 +205,28 @@ def cmd_cancel(args: argparse.Namespace, term: Terminal) -> int:
     return 0
 
 
+def cmd_pause(args: argparse.Namespace, term: Terminal) -> int:
+    app = cli_args.load_app(args)
+    (queue,) = cli_args.queues(app, args.queue, one=True)
+    pause = app.pause(queue, args.reason)
+    since = f"{pause['paused_at']:%Y-%m-%d %H:%M:%S} UTC"
+    term.say(
+        f"queue {queue} paused since {since} by {pause['paused_by']}: {pause['reason']}; "
+        "running jobs stop at their next page"
+    )
+    return 0
+
+
+def cmd_resume(args: argparse.Namespace, term: Terminal) -> int:
+    app = cli_args.load_app(args)
+    (queue,) = cli_args.queues(app, args.queue, one=True)
+    if app.resume(queue):
+        term.say(f"queue {queue} resumed")
+    else:
+        term.say(f"queue {queue} was not paused")
+    return 0
+
+
 def cmd_dashboard(args: argparse.Namespace, term: Terminal) -> int:
     from synclane import dashboard
 
@@ -508,6 +530,28 @@ def parser() -> argparse.ArgumentParser:
     cli_args.add_filters(cancel, queue="the queue (needed when the app has several)")
     cancel.add_argument(
         "--reason", type=name("--reason"), required=True, help="kept in the jobs' error"
+    )
+
+    pause = command(
+        "pause",
+        cmd_pause,
+        "stop taking from a queue in every process; running jobs stop at their next page",
+        "synclane --app mysync.app:app pause --queue shops --reason 'warehouse maintenance'",
+    )
+    pause.add_argument(
+        "--queue", type=name("--queue"), help="the queue (needed when the app has several)"
+    )
+    pause.add_argument(
+        "--reason", type=name("--reason"), required=True, help="why, shown to everyone"
+    )
+    resume = command(
+        "resume",
+        cmd_resume,
+        "take from a paused queue again",
+        "synclane --app mysync.app:app resume --queue shops",
+    )
+    resume.add_argument(
+        "--queue", type=name("--queue"), help="the queue (needed when the app has several)"
     )
 
     page = command(

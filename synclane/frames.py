@@ -37,6 +37,7 @@ TIMESTAMPS = frozenset(
         "next_due",
         "paused_until",
         "period",
+        "paused_at",
     }
 )
 INTEGERS = frozenset(
@@ -60,10 +61,12 @@ INTEGERS = frozenset(
         "failed",
         "deferred",
         "abandoned",
+        "rate_count",
+        "rate_left",
     }
 )
 FLOATS = frozenset({"percent", "jobs_per_minute", "records_per_minute"})
-DURATIONS = frozenset({"age", "running_for", "eta", "duration"})
+DURATIONS = frozenset({"age", "running_for", "eta", "duration", "rate_period"})
 STRINGS = frozenset(
     {
         "queue",
@@ -77,6 +80,8 @@ STRINGS = frozenset(
         "cause",
         "cause_id",
         "example",
+        "paused_by",
+        "pause_reason",
     }
 )
 CATEGORIES: dict[str, tuple[str, ...]] = {"status": STATUSES, "mode": MODES, "state": STATES}

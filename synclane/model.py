@@ -177,8 +177,20 @@ class Page:
 
     next_cursor: str | None
     count: int = 0
+    # How many calls the page made to the other side: a queue with lane_rate counts one start
+    # before the page, and the rest once it ends (later pages of the lane wait for them).
+    calls: int = 1
 
     def __post_init__(self) -> None:
+        if (
+            not isinstance(self.calls, int)
+            or isinstance(self.calls, bool)
+            or not 0 <= self.calls <= MAX_RATE_COUNT
+        ):
+            raise ValueError(
+                f"Page.calls must be a whole number from 0 to {MAX_RATE_COUNT:,}, got "
+                f"{self.calls!r:.100}"
+            )
         if self.next_cursor is not None and not isinstance(self.next_cursor, str):
             raise TypeError(
                 f"Page.next_cursor must be a str or None, got {type(self.next_cursor).__name__} "

@@ -6,8 +6,10 @@ its statements of sql/operations.sql on the app's shared connection.
 
 from __future__ import annotations
 
+import getpass
 import logging
 import re
+import socket
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
@@ -16,7 +18,7 @@ import psycopg
 
 from synclane.connection import Database
 from synclane.errors import storable
-from synclane.model import ConfigError, check_aware, check_name, unstorable
+from synclane.model import ConfigError, Rate, check_aware, check_name, unstorable
 from synclane.owners import connected_owners
 from synclane.queues import Catalog, Queue
 
@@ -182,11 +184,68 @@ class Operations:
                     raise
         raise AssertionError("unreachable")
 
+    def pause(self, queue: str, reason: str, by: str | None = None) -> dict[str, Any]:
+        q = self.catalog.get(queue)
+        if not isinstance(reason, str) or not reason.strip():
+            raise ConfigError(
+                "pause needs a reason, e.g. pause('shops', 'warehouse maintenance until 14:00')"
+            )
+        who = by if by is not None else default_author()
+        check_name("by", who)
+        params = {"queue": q.name, "reason": storable(reason)[:2000], "by": who}
+        with self.database.connection() as conn:
+            row = conn.execute(self.database.store.query("pause_queue"), params).fetchone()
+        assert row is not None
+        log.warning("queue %s paused by %s: %s", q.name, row[1], row[2])
+        return {"queue": q.name, "paused_at": row[0], "paused_by": row[1], "reason": row[2]}
+
+    def resume(self, queue: str) -> bool:
+        q = self.catalog.get(queue)
+        with self.database.connection() as conn:
+            row = conn.execute(self.database.store.query("resume_queue"), {"queue": q.name})
+            resumed = row.fetchone() is not None
+        if resumed:
+            log.warning("queue %s resumed", q.name)
+        return resumed
+
+    def set_lane_rate(
+        self, queue: str, rate: Rate | tuple[int, timedelta | float] | None, lane: str | None
+    ) -> None:
+        q = self.catalog.get(queue)
+        given = Rate.of("rate", rate)
+        if q.settings.lane_rate is None:
+            raise ConfigError(
+                f"queue {q.name!r} has no lane_rate, so its workers count no page starts: "
+                f"declare one with app.queue({q.name!r}, lane_rate=(count, period)) first"
+            )
+        params = {
+            "queue": q.name,
+            "lane": lane,
+            "count": None if given is None else given.count,
+            "period": None if given is None else given.per,
+        }
+        if lane is not None:
+            check_name("lane", lane)
+        name = "set_queue_rate" if lane is None else "set_lane_rate"
+        with self.database.connection() as conn:
+            conn.execute(self.database.store.query(name), params)
+        where = f"lane {lane} of queue {q.name}" if lane is not None else f"queue {q.name}"
+        log.info("rate of %s: %s", where, given or "back to the declared one")
+
     def open_jobs(self, queues: Sequence[str] | None = None) -> int:
         names = [q.name for q in self.catalog.pick(queues or None)]
         with self.database.connection() as conn:
             row = conn.execute(self.database.store.query("open_jobs"), {"queues": names}).fetchone()
         return 0 if row is None else int(row[0])
+
+
+def default_author() -> str:
+    """Who does an operation when nobody says: the operating-system user at this host."""
+    try:
+        user = getpass.getuser()
+    except Exception:  # no user name (a container without one)
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"
 
 
 def job_id_list(ids: object) -> list[int]:

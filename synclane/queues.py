@@ -13,6 +13,7 @@ Declaring touches no database; `Catalog` is the set of queues one app declared.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -102,12 +103,16 @@ class Queue:
     def job_type(self, name: str) -> JobType:
         try:
             return self.types[name]
-        except KeyError:
+        except (KeyError, TypeError):
             known = ", ".join(repr(t) for t in self.types) or "none yet"
+            close = difflib.get_close_matches(str(name), list(self.types), n=1)
+            hint = (
+                f"did you mean {close[0]!r}?"
+                if close
+                else f"declare it with @{self.name}.snapshot(...) or @{self.name}.windowed(...)"
+            )
             raise ConfigError(
-                f"queue {self.name!r} has no type {name!r} (declared: {known}); check the "
-                f"spelling, or declare it with @{self.name}.snapshot(...) or "
-                f"@{self.name}.windowed(...)"
+                f"queue {self.name!r} has no type {name!r:.100} (declared: {known}); {hint}"
             ) from None
 
     def check_handlers(self) -> None:
@@ -157,10 +162,9 @@ class Catalog:
             return self._queues[name]
         except (KeyError, TypeError):
             known = ", ".join(repr(q) for q in self._queues) or "none"
-            raise ConfigError(
-                f"unknown queue {name!r:.100} (declared: {known}); check the spelling, or "
-                "declare it with app.queue(name, ...)"
-            ) from None
+            close = difflib.get_close_matches(str(name), list(self._queues), n=1)
+            hint = f"did you mean {close[0]!r}?" if close else "declare it with app.queue(...)"
+            raise ConfigError(f"unknown queue {name!r:.100} (declared: {known}); {hint}") from None
 
     def pick(self, names: str | Iterable[str] | None) -> list[Queue]:
         """The queues named (one name, a list, or None for all of them)."""

@@ -128,18 +128,45 @@ class Reads:
         *,
         status: str | Sequence[str] | None = None,
     ) -> pd.DataFrame:
-        """Open jobs counted by queue, lane and status."""
+        """Open jobs counted by queue, lane and status; a paused queue's rows say since when,
+        by whom and why (`paused_at`, `paused_by`, `pause_reason`)."""
         params = {
             "queue": self._queue(queue),
             "owner": owner,
             "type": type,
             "statuses": _statuses("status", status, OPEN),
         }
-        return self._frame("depth", params)
+        frame = self._frame("depth", params)
+        pauses = self._frame("paused_queues", {"queue": params["queue"]})
+        return frame.merge(pauses, on="queue", how="left")
 
     def lanes(self, queue: str | None = None, *, lane: str | None = None) -> pd.DataFrame:
-        """One row per lane with open jobs: what runs there now, who holds it, since when."""
-        return self._frame("lanes", {"queue": self._queue(queue), "lane": lane})
+        """One row per lane with open jobs: what runs there now, who holds it, since when; and
+        for a queue with `lane_rate`, the lane's rate and the page starts it has left now."""
+        frame = self._frame("lanes", {"queue": self._queue(queue), "lane": lane})
+        rated = [q for q in self.catalog.values() if q.settings.lane_rate is not None]
+        params = {
+            "queues": [q.name for q in rated],
+            "counts": [q.settings.lane_rate.count for q in rated if q.settings.lane_rate],
+            "periods": [q.settings.lane_rate.per for q in rated if q.settings.lane_rate],
+            "lane": lane,
+        }
+        quotas = self._frame("lane_quotas", params)
+        frame = frame.merge(quotas, on=["queue", "lane"], how="left")
+        overrides = self._rows("queue_rate_overrides", {})[1]
+        declared = {
+            q.name: (q.settings.lane_rate.count, q.settings.lane_rate.per)
+            for q in rated
+            if q.settings.lane_rate
+        }
+        declared |= {queue: (count, period) for queue, count, period in overrides}
+        # a lane that never started a page under its rate has the whole of it left
+        for name, (count, period) in declared.items():
+            fresh = (frame["queue"] == name) & frame["rate_count"].isna()
+            frame.loc[fresh, "rate_count"] = count
+            frame.loc[fresh, "rate_left"] = count
+            frame.loc[fresh, "rate_period"] = period
+        return frame
 
     def coverage(
         self,

@@ -58,6 +58,9 @@ def build(settings: dict[str, Any]) -> SyncLane:
         max_attempts=settings.get("max_attempts", 5),
         retry_base_delay=0.1,
         retry_max_delay=0.5,
+        lane_width=settings.get("lane_width", 1),
+        max_running=settings.get("max_running"),
+        lane_rate=tuple(settings["lane_rate"]) if settings.get("lane_rate") else None,
     )
     local = threading.local()
     runs = runs_table(settings["schema"])

@@ -74,3 +74,36 @@ SET status = 'cancelled', error = %(error)s, completed_at = now()
 FROM chosen c
 WHERE j.id = c.id
 RETURNING j.id;
+
+-- name: pause_queue
+-- pauses a queue for every process: nothing new is taken from it (the take statements read this
+-- table), a running job stops at its next page boundary (save_page reads it), planning goes on;
+-- pausing a paused queue keeps when and by whom it was first paused
+INSERT INTO {schema}.queue_pauses AS p (queue, paused_by, reason)
+VALUES (%(queue)s, %(by)s, %(reason)s)
+ON CONFLICT (queue) DO UPDATE SET reason = excluded.reason
+RETURNING paused_at, paused_by, reason;
+
+-- name: resume_queue
+-- takes from the queue again, in every process
+DELETE FROM {schema}.queue_pauses WHERE queue = %(queue)s
+RETURNING paused_at;
+
+-- name: set_lane_rate
+-- a lane's own rate (an account on a bigger plan), or none (the queue's applies again); takes
+-- effect at the lane's next page start, in every process
+INSERT INTO {schema}.lanes AS l (queue, lane, rate_count, rate_period)
+VALUES (%(queue)s, %(lane)s, %(count)s, %(period)s)
+ON CONFLICT (queue, lane) DO UPDATE SET rate_count = excluded.rate_count,
+                                        rate_period = excluded.rate_period;
+
+-- name: set_queue_rate
+-- a queue's rate without a deploy (it overrides the declared lane_rate), or none (the declared
+-- one applies again)
+WITH cleared AS (
+    DELETE FROM {schema}.queue_rates WHERE queue = %(queue)s AND %(count)s::int IS NULL
+)
+INSERT INTO {schema}.queue_rates AS q (queue, rate_count, rate_period)
+SELECT %(queue)s, %(count)s, %(period)s WHERE %(count)s::int IS NOT NULL
+ON CONFLICT (queue) DO UPDATE SET rate_count = excluded.rate_count,
+                                  rate_period = excluded.rate_period;

@@ -208,7 +208,8 @@ JOIN unnest(%(done_ids)s::bigint[], %(done_tokens)s::uuid[]) AS d (id, token)
 -- name: save_page
 -- saves the cursor and the count after a page and renews the lease; the token and status guard
 -- refuse a worker that lost its lease (false: stop and write nothing more). Guarded by the cursor
--- it replaces too: sent again after a lost answer, it finds its own save and counts nothing twice
+-- it replaces too: sent again after a lost answer, it finds its own save and counts nothing twice.
+-- Also says whether the queue is paused: the job then stops at this page boundary
 WITH saved AS (
     UPDATE {schema}.jobs
     SET cursor = %(cursor)s, processed_count = processed_count + %(count)s, stalls = 0,
@@ -221,7 +222,8 @@ SELECT EXISTS (SELECT FROM saved) OR EXISTS (
     SELECT FROM {schema}.jobs
     WHERE id = %(id)s AND lease_token = %(token)s AND status = 'running'
       AND cursor IS NOT DISTINCT FROM %(cursor)s::text
-) AS saved;
+) AS saved,
+EXISTS (SELECT FROM {schema}.queue_pauses WHERE queue = %(queue)s) AS paused;
 
 -- name: heartbeat
 -- renews the lease while a slow page is in flight, under the same guard
@@ -325,6 +327,34 @@ SET status = CASE WHEN %(previous_status)s = 'deferred' THEN 'deferred' ELSE 'pe
     stalls = stalls + CASE WHEN %(stalled)s THEN 1 ELSE 0 END,
     leased_by = NULL, lease_token = NULL, lease_expires_at = NULL
 WHERE id = %(id)s AND lease_token = %(token)s AND status = 'running';
+
+-- name: wait_for_rate
+-- the lane's rate leaves no room for another page start yet: the job goes back in line with its
+-- cursor and its attempt, due when the lane has room, and the lane's other open jobs wait as long
+-- (so that no slot takes one only to hand it back); the slot takes something else meanwhile
+WITH back AS (
+    UPDATE {schema}.jobs
+    SET status = CASE WHEN %(previous_status)s = 'deferred' THEN 'deferred' ELSE 'pending' END,
+        attempt_count = attempt_count - 1, next_run_at = now() + %(delay)s,
+        leased_by = NULL, lease_token = NULL, lease_expires_at = NULL
+    WHERE id = %(id)s AND lease_token = %(token)s AND status = 'running'
+    RETURNING queue, lane, next_run_at
+),
+lane AS (
+    UPDATE {schema}.jobs o
+    SET next_run_at = b.next_run_at
+    FROM back b
+    WHERE o.queue = b.queue AND o.lane = b.lane
+      AND o.status IN ('pending', 'failed', 'deferred') AND o.next_run_at < b.next_run_at
+    RETURNING o.id
+)
+SELECT next_run_at, (SELECT count(*) FROM lane) AS pushed FROM back;
+
+-- name: lane_page_start
+-- a page start under the lane's rate (lane_page_start in the schema): 0 when it may start now,
+-- else how many seconds until the lane has room; `force` records starts a page made beyond the one
+-- it announced
+SELECT {schema}.lane_page_start(%(queue)s, %(lane)s, %(count)s, %(period)s, %(units)s, %(force)s);
 
 -- name: release_cancelled
 -- a worker whose job stopped running under it (cancelled, maybe requeued since) lets go of the

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
+from synclane.model import Rate
 from synclane.store import Store
 from synclane.worker.outage import OUTAGE_BACKOFF, Outage
 from synclane.worker.taker import LeasedJob
@@ -95,13 +96,29 @@ class Lease:
         if time.monotonic() - self.renewed >= self.duration.total_seconds():
             raise LeaseLost("the lease ran out while this worker was not running (paused?)")
 
-    async def save_page(self, expected: str | None, cursor: str, count: int) -> None:
+    async def save_page(self, expected: str | None, cursor: str, count: int) -> bool:
         """Saves the cursor and the count after a page and renews the lease; `expected` is
-        the cursor the page started from (a save sent again finds its own)."""
+        the cursor the page started from (a save sent again finds its own). Returns whether
+        the queue is paused (the job then stops at this page boundary)."""
         sent = time.monotonic()
-        params = {"expected": expected, "cursor": cursor, "count": count}
-        await self._guarded("save_page", params, answered=True)
+        params = {
+            **self._guard(),
+            "queue": self.job.queue,
+            "expected": expected,
+            "cursor": cursor,
+            "count": count,
+        }
+
+        async def statement(conn: psycopg.AsyncConnection[Any]) -> tuple[bool, bool]:
+            cur = await conn.execute(self.writer.store.query("save_page"), params)
+            row = await cur.fetchone()
+            return (bool(row[0]), bool(row[1])) if row else (False, False)
+
+        saved, paused = await self.writer.run("save_page", statement, self._patience)
+        if not saved:
+            raise LeaseLost("the job was taken over or cancelled")
         self.renewed = sent
+        return paused
 
     async def heartbeat(self) -> None:
         """Renews the lease while a slow page is in flight."""
@@ -155,6 +172,37 @@ class Lease:
         abandoned before it ended and no page was saved (counted in `stalls`)."""
         params = {"previous_status": self.job.previous_status, "stalled": stalled}
         await self._guarded("hand_back", params)
+
+    async def wait_for_rate(self, delay: timedelta) -> None:
+        """Back in line with its cursor and its attempt until the lane's rate has room; the
+        lane's other open jobs wait as long."""
+        params = {**self._guard(), "previous_status": self.job.previous_status, "delay": delay}
+
+        async def statement(conn: psycopg.AsyncConnection[Any]) -> bool:
+            cur = await conn.execute(self.writer.store.query("wait_for_rate"), params)
+            return (await cur.fetchone()) is not None
+
+        if not await self.writer.run("wait_for_rate", statement, self._patience):
+            raise LeaseLost("the job was taken over or cancelled")
+
+    async def page_start(self, rate: Rate, units: int = 1, *, force: bool = False) -> float:
+        """Counts a page start against the lane's rate: 0 when the page may start now, else
+        how many seconds until the lane has room (nothing counted then)."""
+        params = {
+            "queue": self.job.queue,
+            "lane": self.job.lane,
+            "count": rate.count,
+            "period": rate.per,
+            "units": units,
+            "force": force,
+        }
+
+        async def statement(conn: psycopg.AsyncConnection[Any]) -> float:
+            cur = await conn.execute(self.writer.store.query("lane_page_start"), params)
+            row = await cur.fetchone()
+            return float(row[0]) if row else 0.0
+
+        return await self.writer.run("lane_page_start", statement, self._patience)
 
     async def release(self) -> None:
         """A cancelled job gives its lane back at once."""

@@ -15,7 +15,7 @@ import random
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -23,7 +23,7 @@ import psycopg
 from synclane.bridge import PageRun
 from synclane.errors import error_text
 from synclane.events import Kind
-from synclane.model import Abandon, ConfigError, Job, Page, Throttled
+from synclane.model import Abandon, ConfigError, Job, Page, Rate, Throttled
 from synclane.queues import Queue
 from synclane.worker.lease import Lease, LeaseLost, Writer
 from synclane.worker.outage import OUTAGE_BACKOFF
@@ -40,6 +40,23 @@ STALL_LIMIT = 3
 
 class Stopping(Exception):
     """The worker is stopping: hand the job back."""
+
+
+class Paused(Stopping):
+    """The job's queue was paused: hand the job back at this page boundary."""
+
+
+class RateWait(Exception):
+    """The lane's rate leaves no room for another page start for `seconds`."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(f"the lane's rate has room in {seconds:.3f} s")
+        self.seconds = seconds
+
+
+# A lane whose rate has room within this long is waited for in the slot; a longer wait hands the
+# job back (the slot takes another lane's job meanwhile).
+RATE_SLEEP = 0.25
 
 
 @dataclasses.dataclass
@@ -213,13 +230,18 @@ class Slot:
                 raise ConfigError(
                     f"no handler for type {taken.type!r} in queue {self.queue.name!r}"
                 )
+            rate = self.settings.lane_rate
             while True:
                 if crew.stopping:
                     raise Stopping
                 lease.check()
+                if rate is not None:
+                    await self._page_start(lease, rate)
                 page_began = time.monotonic()
                 run = PageRun(handler, job)
                 page = await self._page(run, job, lease)
+                if rate is not None and page.calls > 1:
+                    await lease.page_start(rate, page.calls - 1, force=True)
                 if page.next_cursor is None:
                     following = await self._complete(lease, page.count)
                     crew.emit(
@@ -232,7 +254,7 @@ class Slot:
                     if taken.mode == "initial" and crew.first_load is not None:
                         await crew.first_load(taken)
                     return following
-                await lease.save_page(job.cursor, page.next_cursor, page.count)
+                paused = await lease.save_page(job.cursor, page.next_cursor, page.count)
                 progressed = True
                 crew.emit(
                     "page",
@@ -244,6 +266,12 @@ class Slot:
                 job = dataclasses.replace(
                     job, cursor=page.next_cursor, processed_count=job.processed_count + page.count
                 )
+                if paused:
+                    raise Paused
+        except Paused:
+            await self.hand_back(lease, job.cursor, None, progressed, why="its queue is paused")
+        except RateWait as waiting:
+            await self._wait_for_rate(lease, waiting.seconds, job.cursor)
         except Stopping:
             await self.hand_back(lease, job.cursor, run, progressed)
         except asyncio.CancelledError:
@@ -349,6 +377,7 @@ class Slot:
         cursor: str | None,
         run: PageRun | None = None,
         progressed: bool = True,
+        why: str = "",
     ) -> None:
         """Back in line with its cursor, attempt returned. After STALL_LIMIT hand-backs in a
         row with the page abandoned before it ended and no page saved, the stop costs an attempt
@@ -365,8 +394,33 @@ class Slot:
         except LeaseLost:
             return
         self.crew.report["handed_back"] += 1
-        log.info("%s: handed back at cursor %r", describe(taken), cursor)
+        log.info("%s: handed back at cursor %r%s", describe(taken), cursor, why and f" ({why})")
         self.crew.emit("handed_back", taken, status="pending", cursor=cursor)
+
+    async def _page_start(self, lease: Lease, rate: Rate) -> None:
+        """Counts the next page start against the lane's rate; a short wait is waited out, a
+        longer one raises RateWait (the job goes back in line)."""
+        while True:
+            wait = await lease.page_start(rate)
+            if wait <= 0:
+                return
+            if wait > RATE_SLEEP or self.crew.stopping:
+                raise RateWait(wait)
+            await self.crew.pause(wait)
+
+    async def _wait_for_rate(self, lease: Lease, seconds: float, cursor: str | None) -> None:
+        taken = lease.job
+        with contextlib.suppress(LeaseLost):
+            await lease.wait_for_rate(timedelta(seconds=seconds))
+            self.crew.report["rate_limited"] += 1
+            log.info(
+                "%s: lane %s has used its rate, back in line for %.1f s",
+                describe(taken),
+                taken.lane,
+                seconds,
+            )
+            until = datetime.now(UTC) + timedelta(seconds=seconds)
+            self.crew.emit("handed_back", taken, status="pending", cursor=cursor, until=until)
 
     async def _over_budget(self, lease: Lease) -> None:
         grace = self.crew.stop_grace

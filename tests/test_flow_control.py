@@ -1,0 +1,312 @@
+"""Flow control across the fleet (issues 16 and 21), with real worker processes: a paused queue,
+lanes wider than one, a cap for the whole queue, and rate limits per lane. Each limit is carried
+by the database (a unique index, a row every process reads), and each test that the index
+carries it has a control that drops the index and finds the limit exceeded."""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+from worker_proc import build, create_runs
+from workers import count, job_row, wait_for, worker_processes
+
+from synclane import ConfigError, Page, SyncLane
+from synclane.model import Rate
+
+pytestmark = pytest.mark.processes
+
+# The most runs of one lane (or of the queue, with the lane test left out) in flight at once:
+# for each run, how many runs had started and not ended at its start (itself included).
+MOST_AT_ONCE = """
+SELECT coalesce(max(c), 0) FROM (
+    SELECT a.id, count(*) AS c FROM {runs} a JOIN {runs} b
+      ON ({same_lane}) AND b.started <= a.started AND (b.ended IS NULL OR b.ended > a.started)
+    GROUP BY a.id
+) t
+"""
+
+
+def most_at_once(db: psycopg.Connection[Any], schema: str, per_lane: bool) -> int:
+    statement = sql.SQL(MOST_AT_ONCE).format(
+        runs=sql.Identifier(schema, "runs"),
+        same_lane=sql.SQL("a.lane = b.lane" if per_lane else "true"),
+    )
+    row = db.execute(statement).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def prepare(dsn: str, schema: str, db: psycopg.Connection[Any], **settings: Any) -> dict[str, Any]:
+    settings = {"dsn": dsn, "schema": schema, **settings}
+    build(settings).close()  # creates the schema
+    create_runs(db, schema)
+    return settings
+
+
+def run_jobs(
+    db: psycopg.Connection[Any],
+    settings: dict[str, Any],
+    jobs: int,
+    lanes: int,
+    processes: int,
+    spread: float = 0.0,
+) -> None:
+    schema = settings["schema"]
+    app = build(settings)
+    for number in range(jobs):
+        app.enqueue("q", f"owner-{number % (lanes * 2)}", "sync", lane=f"lane-{number % lanes}")
+    app.close()
+    if spread:
+        db.execute(
+            sql.SQL("UPDATE {} SET next_run_at = now() + random() * %s").format(
+                sql.Identifier(schema, "jobs")
+            ),
+            [timedelta(seconds=spread)],
+        )
+    with worker_processes(settings, processes):
+        wait_for(
+            lambda: (
+                count(db, "SELECT count(*) FROM {jobs} WHERE status = 'completed'", schema) == jobs
+            ),
+            timeout=180,
+            what=f"{jobs} completed jobs",
+            interval=0.2,
+        )
+
+
+def drop_index(db: psycopg.Connection[Any], schema: str, name: str) -> None:
+    db.execute(sql.SQL("DROP INDEX {}").format(sql.Identifier(schema, name)))
+
+
+# -- lanes wider than one ------------------------------------------------------------------
+
+
+def test_a_lane_two_wide_runs_two_jobs_at_once_and_never_three(
+    dsn: str, schema: str, db: psycopg.Connection[Any]
+) -> None:
+    settings = prepare(dsn, schema, db, concurrency=8, lane_width=2, page_sleep=0.02)
+    run_jobs(db, settings, jobs=600, lanes=3, processes=3, spread=4)
+    assert most_at_once(db, schema, per_lane=True) == 2
+
+
+def test_without_the_lane_index_a_lane_two_wide_runs_more(
+    app: SyncLane, dsn: str, db: psycopg.Connection[Any], schema: str
+) -> None:
+    """The control: the width is the index's doing. A rival transaction has marked two jobs of
+    the lane running in slots 0 and 1 and not committed yet, so a take sees the lane free. With
+    the index its slot collides and it waits for the rival, then loses; without it, a third job
+    of the lane runs."""
+    app.queue("q", lane_width=2).snapshot("sync", every=timedelta(days=1))(lambda job: None)
+    assert race_a_rival(app, dsn, db, schema, "jobs_running_lane", lanes=1, rivals=2) == 2
+    assert race_a_rival(app, dsn, db, schema, None, lanes=1, rivals=2) == 3
+
+
+def race_a_rival(
+    app: SyncLane,
+    dsn: str,
+    db: psycopg.Connection[Any],
+    schema: str,
+    index: str | None,
+    lanes: int,
+    rivals: int,
+) -> int:
+    """Jobs in `lanes` lanes; a rival transaction marks `rivals` of them running in slots 0..n
+    (of their lane and of the queue) without committing; a worker's take runs meanwhile; the
+    rival commits. Returns how many jobs run at the end. `index`: kept (None drops both)."""
+    import asyncio
+    import threading
+
+    from synclane.worker.taker import take_front
+
+    jobs = sql.Identifier(schema, "jobs")
+    db.execute(sql.SQL("DELETE FROM {}").format(jobs))
+    ids = [app.enqueue("q", f"o{n}", "sync", lane=f"l{n % lanes}") for n in range(rivals + 4)]
+    if index is None:
+        for name in ("jobs_running_lane", "jobs_running_queue_slot"):
+            db.execute(sql.SQL("DROP INDEX IF EXISTS {}").format(sql.Identifier(schema, name)))
+    rival = psycopg.connect(dsn)
+    # the rival holds the newest jobs, so that the take's best job is one it does not lock
+    for slot, job_id in enumerate(ids[-rivals:]):
+        rival.execute(
+            sql.SQL(
+                "UPDATE {} SET status = 'running', lease_token = gen_random_uuid(), "
+                "lane_slot = %s, queue_slot = %s WHERE id = %s"
+            ).format(jobs),
+            [slot % app.get_queue("q").settings.lane_width, slot, job_id],
+        )
+    settings = app.get_queue("q").settings
+    outcome: dict[str, Any] = {}
+
+    def take() -> None:
+        async def once() -> Any:
+            async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+                return await take_front(
+                    conn,
+                    app.store,
+                    "q",
+                    "rival-2",
+                    timedelta(minutes=5),
+                    plain=1,
+                    lane_width=settings.lane_width,
+                    max_running=settings.max_running,
+                )
+
+        try:
+            outcome["batch"] = asyncio.run(once())
+        except psycopg.errors.UniqueViolation as error:
+            outcome["error"] = error
+
+    taker = threading.Thread(target=take)
+    taker.start()
+    taker.join(timeout=2)
+    rival.commit()
+    rival.close()
+    taker.join(timeout=30)
+    return count(db, "SELECT count(*) FROM {jobs} WHERE status = 'running'", schema)
+
+
+# -- a cap for the whole queue -------------------------------------------------------------
+
+
+def test_a_capped_queue_reaches_its_cap_and_never_passes_it(
+    dsn: str, schema: str, db: psycopg.Connection[Any]
+) -> None:
+    settings = prepare(dsn, schema, db, concurrency=8, max_running=5, page_sleep=0.05)
+    run_jobs(db, settings, jobs=300, lanes=60, processes=3)
+    assert most_at_once(db, schema, per_lane=False) == 5
+
+
+def test_without_the_queue_slot_index_the_cap_is_passed(
+    app: SyncLane, dsn: str, db: psycopg.Connection[Any], schema: str
+) -> None:
+    """The control: the cap is the index's doing, not the take statement's count of the
+    running. A rival has taken the queue's 3 slots and not committed: with the index the take
+    waits and loses; without it, a fourth job runs."""
+    app.queue("q", max_running=3).snapshot("sync", every=timedelta(days=1))(lambda job: None)
+    assert race_a_rival(app, dsn, db, schema, "jobs_running_queue_slot", lanes=8, rivals=3) == 3
+    assert race_a_rival(app, dsn, db, schema, None, lanes=8, rivals=3) == 4
+
+
+# -- rate limits per lane ------------------------------------------------------------------
+
+MOST_STARTS_IN_A_PERIOD = """
+SELECT coalesce(max(c), 0) FROM (
+    SELECT a.id, count(*) AS c FROM {runs} a JOIN {runs} b
+      ON a.lane = b.lane AND a.lane = %(lane)s
+     AND b.started >= a.started AND b.started < a.started + %(period)s
+    GROUP BY a.id
+) t
+"""
+
+
+def test_no_period_sees_more_page_starts_in_a_lane_than_its_rate_while_other_lanes_run(
+    dsn: str, schema: str, db: psycopg.Connection[Any]
+) -> None:
+    """Two processes share each lane's quota (4 pages a second). A run's start is read by the
+    handler a few milliseconds after the worker counted it, so windows are checked 50 ms short."""
+    settings = prepare(
+        dsn, schema, db, concurrency=4, lane_rate=[4, 1.0], pages=2, page_sleep=0.005
+    )
+    run_jobs(db, settings, jobs=24, lanes=2, processes=2)  # 48 pages, 24 per lane
+    period = timedelta(seconds=1) - timedelta(milliseconds=50)
+    for lane in ("lane-0", "lane-1"):
+        most = db.execute(
+            sql.SQL(MOST_STARTS_IN_A_PERIOD).format(runs=sql.Identifier(schema, "runs")),
+            {"lane": lane, "period": period},
+        ).fetchone()
+        assert most is not None and most[0] <= 4, f"{lane}: {most[0]} starts within a second"
+    # The lanes shared the time, neither waited for the other: each ran its 24 pages at its own
+    # rate, side by side.
+    spans = db.execute(
+        sql.SQL("SELECT lane, min(started), max(started) FROM {} GROUP BY lane").format(
+            sql.Identifier(schema, "runs")
+        )
+    ).fetchall()
+    (_, first_a, last_a), (_, first_b, last_b) = sorted(spans)
+    assert first_b < last_a and first_a < last_b
+    assert (last_a - first_a).total_seconds() >= 4.5  # 24 starts at 4 a second take 5 s
+
+
+def test_a_lane_rate_is_changed_without_a_deploy(
+    app: SyncLane, db: psycopg.Connection[Any], schema: str
+) -> None:
+    queue = app.queue("q", lane_rate=(2, timedelta(seconds=30)))
+    queue.snapshot("sync", every=timedelta(days=1))(lambda job: Page(None))
+    for owner in ("a1", "a2", "a3", "b1", "b2", "b3", "c1", "c2", "c3"):
+        app.enqueue("q", owner, "sync", lane=owner[0])
+    app.set_lane_rate("q", (1, 30))  # the whole queue, no deploy
+    app.set_lane_rate("q", (3, 30), lane="b")  # an account on a bigger plan
+    app.set_lane_rate("q", (3, 30), lane="c")
+    app.set_lane_rate("q", None, lane="c")  # back to the queue's
+    app.run_worker(until_idle=True, idle_grace=0, stop_after=10)
+    done = app.jobs(status="completed")
+    assert sorted(done["lane"]) == ["a", "b", "b", "b", "c"]
+    quotas = app.lanes("q").set_index("lane")
+    assert (quotas.loc["a", "rate_count"], quotas.loc["a", "rate_left"]) == (1, 0)
+    assert quotas.loc["a", "rate_period"] == timedelta(seconds=30)
+    with pytest.raises(ConfigError, match="rate"):
+        app.set_lane_rate("q", (0, 10))
+    other = app.queue("other")
+    other.snapshot("sync", every=timedelta(days=1))(lambda job: Page(None))
+    with pytest.raises(ConfigError, match="lane_rate"):
+        app.set_lane_rate("other", (5, 10))
+    assert Rate.of("lane_rate", (2, 1)) == Rate(2, timedelta(seconds=1))
+
+
+# -- pause and resume ----------------------------------------------------------------------
+
+
+def test_a_paused_queue_is_seen_by_every_process_and_its_running_job_goes_back_at_a_page(
+    dsn: str, schema: str, db: psycopg.Connection[Any]
+) -> None:
+    settings = prepare(dsn, schema, db, concurrency=2, pages=100, page_sleep=0.1)
+    app = build(settings)
+    running = app.enqueue("q", "acme", "sync")
+    with worker_processes(settings, 1):
+        wait_for(lambda: job_row(db, schema, running)["cursor"] is not None, 20, "a page")
+        pause = app.pause("q", "the warehouse is down for maintenance", by="ops@example")
+        wait_for(lambda: job_row(db, schema, running)["status"] == "pending", 10, "a hand-back")
+        row = job_row(db, schema, running)
+        assert row["attempt_count"] == 0 and int(row["cursor"]) > 0
+        waiting = app.enqueue("q", "globex", "sync")
+        time.sleep(1.0)
+        assert job_row(db, schema, waiting)["status"] == "pending"
+        assert job_row(db, schema, running)["status"] == "pending"
+        depth = app.depth("q")
+        assert set(depth["paused_by"]) == {"ops@example"}
+        assert set(depth["pause_reason"]) == {"the warehouse is down for maintenance"}
+        assert (depth["paused_at"] == pause["paused_at"]).all()
+        assert app.resume("q") is True
+        wait_for(lambda: job_row(db, schema, waiting)["cursor"] is not None, 10, "taking again")
+    assert app.resume("q") is False
+    assert app.depth("q")["paused_at"].isna().all()
+    app.close()
+
+
+def test_a_version_2_running_lane_index_is_replaced_by_the_slotted_one(
+    app: SyncLane, db: psycopg.Connection[Any], dsn: str, schema: str
+) -> None:
+    jobs = sql.Identifier(schema, "jobs")
+    drop_index(db, schema, "jobs_running_lane")
+    db.execute(
+        sql.SQL("CREATE UNIQUE INDEX jobs_running_lane ON {} (queue, lane) "
+                "WHERE status = 'running'").format(jobs)
+    )  # fmt: skip
+    db.execute(sql.SQL("DELETE FROM {}").format(sql.Identifier(schema, "schema_version")))
+    db.execute(
+        sql.SQL("INSERT INTO {} (version) VALUES (2)").format(
+            sql.Identifier(schema, "schema_version")
+        )
+    )
+    upgraded = SyncLane(dsn, schema=schema)
+    upgraded.close()
+    row = db.execute(
+        "SELECT indexdef FROM pg_indexes WHERE schemaname = %s AND indexname = 'jobs_running_lane'",
+        [schema],
+    ).fetchone()
+    assert row is not None and "(queue, lane, lane_slot)" in row[0]
