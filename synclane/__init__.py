@@ -6,7 +6,7 @@ its error. `import synclane` imports neither pandas nor Prefect.
 
 from synclane.app import SyncLane
 from synclane.errors import DatabaseUnavailable, OwnerSourceError, SchemaError
-from synclane.model import Abandon, ConfigError, Job, Owner, Page, Throttled
+from synclane.model import Abandon, ConfigError, Job, Owner, Page, Rate, Throttled
 from synclane.queues import Queue
 
 __all__ = [
@@ -18,6 +18,7 @@ __all__ = [
     "OwnerSourceError",
     "Page",
     "Queue",
+    "Rate",
     "SchemaError",
     "SyncLane",
     "Throttled",
