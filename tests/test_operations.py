@@ -255,14 +255,14 @@ def test_a_cancelled_running_job_can_no_longer_save_a_page(shops, db, schema):
     job_id = shops.enqueue("shops", "acme-us", "orders")
     token = uuid.uuid4()
     arrange(db, schema, job_id, status="running", lease_token=token, leased_by="host:1")
-    save_page = shops.store.query("save_page")
+    save_pages = shops.store.query("save_pages")
 
     saved: list[str | None] = [None]
 
     def save(cursor: str) -> int:
-        params = {"cursor": cursor, "count": 10, "lease": timedelta(minutes=5)}
-        params |= {"expected": saved[-1], "id": job_id, "token": token}
-        row = db.execute(save_page, params).fetchone()
+        params = {"queue": "shops", "lease": timedelta(minutes=5), "ids": [job_id]}
+        params |= {"tokens": [token], "expected": [saved[-1]], "cursors": [cursor], "counts": [10]}
+        row = db.execute(save_pages, params).fetchone()
         if row and row[0]:
             saved.append(cursor)
         return int(bool(row and row[0]))

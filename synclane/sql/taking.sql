@@ -205,31 +205,43 @@ FROM {schema}.jobs j
 JOIN unnest(%(done_ids)s::bigint[], %(done_tokens)s::uuid[]) AS d (id, token)
   ON j.id = d.id AND j.lease_token = d.token AND j.status = 'running';
 
--- name: save_page
--- saves the cursor and the count after a page and renews the lease; the token and status guard
--- refuse a worker that lost its lease (false: stop and write nothing more). Guarded by the cursor
--- it replaces too: sent again after a lost answer, it finds its own save and counts nothing twice.
--- Also says whether the queue is paused: the job then stops at this page boundary
-WITH saved AS (
-    UPDATE {schema}.jobs
-    SET cursor = %(cursor)s, processed_count = processed_count + %(count)s, stalls = 0,
+-- name: save_pages
+-- saves the cursors and counts of the slots of one worker whose pages ended at the same instant,
+-- in one statement and one commit, and renews their leases. Each row keeps its own guard: id,
+-- lease token, status = 'running' (false for a slot that lost its lease: it stops and writes
+-- nothing more; the others are saved), and the cursor it replaces (sent again after a lost
+-- answer, a save finds its own and counts nothing twice). Also says whether the queue is paused:
+-- the jobs then stop at this page boundary
+WITH given AS (
+    SELECT * FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(expected)s::text[],
+                         %(cursors)s::text[], %(counts)s::bigint[])
+         WITH ORDINALITY AS g (id, token, expected, cursor, count, number)
+),
+saved AS (
+    UPDATE {schema}.jobs j
+    SET cursor = g.cursor, processed_count = j.processed_count + g.count, stalls = 0,
         heartbeat_at = now(), lease_expires_at = now() + %(lease)s
-    WHERE id = %(id)s AND lease_token = %(token)s AND status = 'running'
-      AND cursor IS NOT DISTINCT FROM %(expected)s::text
-    RETURNING id
+    FROM given g
+    WHERE j.id = g.id AND j.lease_token = g.token AND j.status = 'running'
+      AND j.cursor IS NOT DISTINCT FROM g.expected
+    RETURNING j.id
 )
-SELECT EXISTS (SELECT FROM saved) OR EXISTS (
-    SELECT FROM {schema}.jobs
-    WHERE id = %(id)s AND lease_token = %(token)s AND status = 'running'
-      AND cursor IS NOT DISTINCT FROM %(cursor)s::text
-) AS saved,
-EXISTS (SELECT FROM {schema}.queue_pauses WHERE queue = %(queue)s) AS paused;
+SELECT g.id IN (SELECT id FROM saved) OR EXISTS (
+           SELECT FROM {schema}.jobs j
+           WHERE j.id = g.id AND j.lease_token = g.token AND j.status = 'running'
+             AND j.cursor IS NOT DISTINCT FROM g.cursor) AS saved,
+       EXISTS (SELECT FROM {schema}.queue_pauses WHERE queue = %(queue)s) AS paused
+FROM given g
+ORDER BY g.number;
 
--- name: heartbeat
--- renews the lease while a slow page is in flight, under the same guard
-UPDATE {schema}.jobs
+-- name: heartbeats
+-- renews the leases of the slots of one worker whose pages are slow, in one statement, each
+-- under its own guard; returns the ids renewed (a missing id lost its lease)
+UPDATE {schema}.jobs j
 SET heartbeat_at = now(), lease_expires_at = now() + %(lease)s
-WHERE id = %(id)s AND lease_token = %(token)s AND status = 'running';
+FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS g (id, token)
+WHERE j.id = g.id AND j.lease_token = g.token AND j.status = 'running'
+RETURNING j.id;
 
 -- name: complete_job
 -- the last page: counts it and marks the job completed, under the lease guard; sent again after a

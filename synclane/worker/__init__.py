@@ -30,7 +30,7 @@ from synclane.errors import error_text
 from synclane.events import Event, Kind, Listener, listeners
 from synclane.model import ConfigError, to_duration
 from synclane.queues import Queue
-from synclane.worker.lease import Lease, LeaseLost, Writer
+from synclane.worker.lease import Lease, LeaseLost, PageWrites, Writer
 from synclane.worker.slot import Crew, Slot, describe, retry_delay
 from synclane.worker.taker import LeasedJob, Taker
 
@@ -132,6 +132,10 @@ class Worker:
             name=self.name,
             writer=writer,
             takers={},
+            pages={
+                queue.name: PageWrites(writer, queue.name, queue.settings.lease_duration)
+                for queue in self.queues
+            },
             report=self.report,
             emit=self._emit,
             stop=stop,
@@ -190,6 +194,7 @@ class Worker:
             for sig in installed:
                 loop.remove_signal_handler(sig)
             await asyncio.gather(*(taker.idle() for taker in crew.takers.values()))
+            await asyncio.gather(*(pages.idle() for pages in crew.pages.values()))
             await crew.release_now()
             await pool.close()
             log.info("worker %s stopped: %s", self.name, dict(self.report))
@@ -275,7 +280,7 @@ class Worker:
         async def give_back(job: LeasedJob) -> None:
             """Hands back a job no slot will run (its slot was cancelled while it was taken)."""
             assert self._crew is not None
-            lease = Lease(job, queue.settings.lease_duration, self._crew.writer, 0.0)
+            lease = Lease(job, self._crew.pages[queue.name], 0.0)
             slot = Slot(self._crew, queue, -1, lambda: self._wake)
             with contextlib.suppress(psycopg.Error, LeaseLost):
                 await slot.hand_back(lease, job.cursor)

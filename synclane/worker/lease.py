@@ -13,8 +13,10 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
+from uuid import UUID
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool
@@ -22,6 +24,7 @@ from psycopg_pool import AsyncConnectionPool
 from synclane.model import Rate
 from synclane.store import Store
 from synclane.worker.outage import OUTAGE_BACKOFF, Outage
+from synclane.worker.shared import Shared
 from synclane.worker.taker import LeasedJob
 
 log = logging.getLogger("synclane")
@@ -71,15 +74,86 @@ class Writer:
         raise AssertionError("unreachable")
 
 
+@dataclass(frozen=True)
+class PageSave:
+    """One slot's page to save: its job, lease token, the cursor it replaces, the new one."""
+
+    id: int
+    token: UUID
+    expected: str | None
+    cursor: str
+    count: int
+
+
+class PageWrites:
+    """The page saves and heartbeats of the slots of one queue in one worker: those that fall
+    due at the same instant share one statement and one commit (synclane.worker.shared), each
+    row still under its own guard, and a slot whose guard fails learns it alone."""
+
+    def __init__(self, writer: Writer, queue: str, lease: timedelta) -> None:
+        self.writer = writer
+        self.queue = queue
+        self.lease = lease
+        self.saves: Shared[PageSave, tuple[bool, bool]] = Shared(self._save)
+        self.beats: Shared[tuple[int, UUID], bool] = Shared(self._beat)
+
+    async def save(self, page: PageSave) -> tuple[bool, bool]:
+        """(saved, the queue is paused)."""
+        return await self.saves.ask(page)
+
+    async def beat(self, job_id: int, token: UUID) -> bool:
+        return await self.beats.ask((job_id, token))
+
+    async def idle(self) -> None:
+        await self.saves.idle()
+        await self.beats.idle()
+
+    @property
+    def _patience(self) -> float:
+        return self.lease.total_seconds() / 2
+
+    async def _save(self, pages: list[PageSave]) -> list[tuple[bool, bool]]:
+        params = {
+            "queue": self.queue,
+            "lease": self.lease,
+            "ids": [p.id for p in pages],
+            "tokens": [p.token for p in pages],
+            "expected": [p.expected for p in pages],
+            "cursors": [p.cursor for p in pages],
+            "counts": [p.count for p in pages],
+        }
+
+        async def statement(conn: psycopg.AsyncConnection[Any]) -> list[tuple[bool, bool]]:
+            cur = await conn.execute(self.writer.store.query("save_pages"), params)
+            return [(bool(saved), bool(paused)) for saved, paused in await cur.fetchall()]
+
+        return await self.writer.run("save_pages", statement, self._patience)
+
+    async def _beat(self, jobs: list[tuple[int, UUID]]) -> list[bool]:
+        params = {
+            "lease": self.lease,
+            "ids": [job_id for job_id, _ in jobs],
+            "tokens": [token for _, token in jobs],
+        }
+
+        async def statement(conn: psycopg.AsyncConnection[Any]) -> set[int]:
+            cur = await conn.execute(self.writer.store.query("heartbeats"), params)
+            return {row[0] for row in await cur.fetchall()}
+
+        renewed = await self.writer.run("heartbeats", statement, self._patience)
+        return [job_id in renewed for job_id, _ in jobs]
+
+
 class Lease:
     """The lease on one job: its id and token, how long it lasts, when this worker last renewed
     it (by its own monotonic clock, which keeps running while the process is paused), and one
     method per guarded statement."""
 
-    def __init__(self, job: LeasedJob, duration: timedelta, writer: Writer, renewed: float) -> None:
+    def __init__(self, job: LeasedJob, pages: PageWrites, renewed: float) -> None:
         self.job = job
-        self.duration = duration
-        self.writer = writer
+        self.pages = pages
+        self.duration = pages.lease
+        self.writer = pages.writer
         self.renewed = renewed  # taken before the renewing statement was sent: conservative
 
     @property
@@ -97,33 +171,23 @@ class Lease:
             raise LeaseLost("the lease ran out while this worker was not running (paused?)")
 
     async def save_page(self, expected: str | None, cursor: str, count: int) -> bool:
-        """Saves the cursor and the count after a page and renews the lease; `expected` is
-        the cursor the page started from (a save sent again finds its own). Returns whether
-        the queue is paused (the job then stops at this page boundary)."""
+        """Saves the cursor and the count after a page and renews the lease, in the statement
+        the worker's slots whose pages end now share; `expected` is the cursor the page started
+        from (a save sent again finds its own). Returns whether the queue is paused (the job
+        then stops at this page boundary)."""
         sent = time.monotonic()
-        params = {
-            **self._guard(),
-            "queue": self.job.queue,
-            "expected": expected,
-            "cursor": cursor,
-            "count": count,
-        }
-
-        async def statement(conn: psycopg.AsyncConnection[Any]) -> tuple[bool, bool]:
-            cur = await conn.execute(self.writer.store.query("save_page"), params)
-            row = await cur.fetchone()
-            return (bool(row[0]), bool(row[1])) if row else (False, False)
-
-        saved, paused = await self.writer.run("save_page", statement, self._patience)
+        page = PageSave(self.id, self.token, expected, cursor, count)
+        saved, paused = await self.pages.save(page)
         if not saved:
             raise LeaseLost("the job was taken over or cancelled")
         self.renewed = sent
         return paused
 
     async def heartbeat(self) -> None:
-        """Renews the lease while a slow page is in flight."""
+        """Renews the lease while a slow page is in flight (shared like a page save)."""
         sent = time.monotonic()
-        await self._guarded("heartbeat", {})
+        if not await self.pages.beat(self.id, self.token):
+            raise LeaseLost("the job was taken over or cancelled")
         self.renewed = sent
 
     async def complete(self, count: int) -> None:

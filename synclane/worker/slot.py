@@ -25,7 +25,7 @@ from synclane.errors import error_text
 from synclane.events import Kind
 from synclane.model import Abandon, ConfigError, Job, Page, Rate, Throttled
 from synclane.queues import Queue
-from synclane.worker.lease import Lease, LeaseLost, Writer
+from synclane.worker.lease import Lease, LeaseLost, PageWrites, Writer
 from synclane.worker.outage import OUTAGE_BACKOFF
 from synclane.worker.taker import Finished, LeasedJob, Taker
 
@@ -66,6 +66,7 @@ class Crew:
     name: str
     writer: Writer
     takers: dict[str, Taker]
+    pages: dict[str, PageWrites]
     report: Counter[str]
     emit: Emit
     stop: asyncio.Event
@@ -200,7 +201,7 @@ class Slot:
                     crew.busy -= 1
 
     def _lease(self, job: LeasedJob, asked: float) -> Lease:
-        return Lease(job, self.settings.lease_duration, self.crew.writer, asked)
+        return Lease(job, self.crew.pages[self.queue.name], asked)
 
     async def run_job(self, lease: Lease) -> Lease | None:
         """Runs one job to its end; returns the next job's lease when the completing statement

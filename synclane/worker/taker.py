@@ -1,10 +1,11 @@
 """Taking jobs: the rows a take returns, the two take statements, and the Taker that lets the
 slots of one queue share one statement.
 
-Slots whose pages end at the same instant ask together: one `take_front` statement completes
-every job they have just finished (each under its own lease guard) and takes one job for each
-completion that went through and for each slot that had nothing to complete. One commit serves
-them all; a slot that asks alone is served at once, nothing waits to form a batch.
+Slots whose pages end at the same instant ask together (synclane.worker.shared): one
+`take_front` statement completes every job they have just finished (each under its own lease
+guard) and takes one job for each completion that went through and for each slot that had
+nothing to complete. One commit serves them all; a slot that asks alone is served at once,
+nothing waits to form a batch.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from synclane.store import Store
 from synclane.worker.outage import OUTAGE_BACKOFF, Outage
+from synclane.worker.shared import Shared
 
 # How many jobs at the front of the line `take_front` looks at before a slot searches lane by
 # lane (docs/performance.md: the front answers in well under a millisecond).
@@ -203,49 +205,22 @@ class Taker:
         self.queue, self.worker, self.lease = queue, worker, lease
         self.max_attempts = max_attempts
         self.give_back = give_back
-        self._waiting: list[tuple[Finished | None, asyncio.Future[Turn | None]]] = []
-        self._serving: asyncio.Task[None] | None = None
+        self._shared: Shared[Finished | None, Turn | None] = Shared(
+            self._statement, self._unclaimed
+        )
 
     async def take(self, finished: Finished | None) -> Turn | None:
         """The next job, completing `finished` in the same statement when given. None: several
         races for a lane in a row were lost, and nothing was written."""
-        future: asyncio.Future[Turn | None] = asyncio.get_running_loop().create_future()
-        self._waiting.append((finished, future))
-        if self._serving is None:
-            self._serving = asyncio.create_task(self._serve())
-        return await future
+        return await self._shared.ask(finished)
 
     async def idle(self) -> None:
         """Wait until no statement is in flight (before the pool closes)."""
-        if self._serving is not None:
-            await asyncio.wait({self._serving})
+        await self._shared.idle()
 
-    async def _serve(self) -> None:
-        try:
-            await asyncio.sleep(0)  # let every slot whose page ended in this instant ask too
-            while self._waiting:
-                batch, self._waiting = self._waiting, []
-                try:
-                    turns = await self._statement([finished for finished, _ in batch])
-                except Exception as error:
-                    for _, future in batch:
-                        if not future.done():
-                            future.set_exception(error)
-                    continue
-                for (_, future), turn in zip(batch, turns, strict=True):
-                    if not future.done():
-                        future.set_result(turn)
-                    elif turn is not None and turn.job is not None:
-                        # The slot was cancelled while the statement ran: nobody runs this job.
-                        await self.give_back(turn.job)
-        except BaseException:
-            # Cancelled itself: no slot may wait forever for an answer.
-            for _, future in self._waiting:
-                future.cancel()
-            self._waiting = []
-            raise
-        finally:
-            self._serving = None
+    async def _unclaimed(self, turn: Turn | None) -> None:
+        if turn is not None and turn.job is not None:
+            await self.give_back(turn.job)
 
     async def _statement(self, requests: list[Finished | None]) -> list[Turn | None]:
         finished = [request for request in requests if request is not None]
