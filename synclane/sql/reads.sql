@@ -29,12 +29,12 @@ LIMIT %(limit)s;
 
 -- name: progress
 -- how far the first load (the history slices, mode 'initial') of each owner and type is: counts,
--- records, the unbroken loaded span, a state and an ETA, at most `limit` owners and types in
--- order. Counts from the history index alone (jobs_history), walked in owner order so that a
--- limit stops the walk; reads rows only for what the index leaves out: the errors of failed and
--- deferred slices, and the newest slice that is not loaded below the newest loaded one when that
--- is not the slice next to it. With `unloaded` (every state asked but 'loaded' needs a slice that
--- is not completed) only the owners and types that have one are counted
+-- records, the unbroken loaded span, a state and an ETA; at most `limit` rows, the first by owner
+-- and type. Counts from the history index alone (jobs_history) in owner order, so a limit stops
+-- the walk; reads rows only for what that index leaves out (the errors of failed and deferred
+-- slices; the newest slice not loaded below the newest loaded one, when that is not the slice
+-- next to it). Refreshes never count. Asked only for states other than 'loaded', it counts only
+-- the owners that jobs_history_unloaded names: those with a slice of a status such a state needs
 WITH history AS (
     SELECT owner, type, status, processed_count, window_start, window_end, next_run_at,
            started_at, completed_at
