@@ -42,6 +42,8 @@ FROM (SELECT date_trunc('day', now()) AS midnight) m,
          SELECT CASE
              WHEN o %% 7 = 0 THEN 'completed'
              -- loading: the newest slice loaded, the next one running (or waiting), the rest wait
+             -- (owner 1's only slice not loaded runs)
+             WHEN o = 1 THEN CASE WHEN s = 2 THEN 'running' ELSE 'completed' END
              WHEN o %% 7 = 1 AND s = 1 THEN 'completed'
              WHEN o %% 7 = 1 AND s = 2 AND o <= 9 THEN 'running'
              WHEN o %% 7 = 1 THEN 'pending'

@@ -34,7 +34,8 @@ LIMIT %(limit)s;
 -- the walk; reads rows only for what that index leaves out (the errors of failed and deferred
 -- slices; the newest slice not loaded below the newest loaded one, when that is not the slice
 -- next to it). Refreshes never count. Asked only for states other than 'loaded', it counts only
--- the owners that jobs_history_unloaded names: those with a slice of a status such a state needs
+-- the owners that have a slice of a status such a state needs (jobs_history_unloaded, and the
+-- running jobs)
 WITH history AS (
     SELECT owner, type, status, processed_count, window_start, window_end, next_run_at,
            started_at, completed_at
@@ -46,17 +47,22 @@ WITH history AS (
       -- asked for, count only the owners that have a slice of a status that state needs
       AND (%(states)s::text[] IS NULL OR 'loaded' = ANY (%(states)s::text[])
            OR owner = ANY (ARRAY(
-               SELECT DISTINCT u.owner FROM {schema}.jobs u
-               WHERE u.queue = %(queue)s AND u.mode = 'initial' AND u.status <> 'completed'
+               SELECT u.owner FROM {schema}.jobs u
+               WHERE u.queue = %(queue)s AND u.mode = 'initial'
+                 AND u.status IN ('pending', 'failed', 'deferred', 'abandoned', 'cancelled')
                  AND ((u.status = 'abandoned' AND 'abandoned' = ANY (%(states)s::text[]))
                       OR (u.status = 'cancelled' AND 'cancelled' = ANY (%(states)s::text[]))
                       OR (u.status IN ('failed', 'deferred')
                           AND %(states)s::text[] && ARRAY['failing', 'connecting', 'loading'])
-                      OR (u.status IN ('pending', 'running')
+                      OR (u.status = 'pending'
                           AND %(states)s::text[] && ARRAY['connecting', 'loading'])
                       -- a throttle holds back slices until a later time
                       OR (u.status IN ('pending', 'failed', 'deferred') AND u.next_run_at > now()
-                          AND 'throttled' = ANY (%(states)s::text[]))))))
+                          AND 'throttled' = ANY (%(states)s::text[])))
+               UNION
+               SELECT r.owner FROM {schema}.jobs r
+               WHERE r.queue = %(queue)s AND r.status = 'running' AND r.mode = 'initial'
+                 AND %(states)s::text[] && ARRAY['connecting', 'loading'])))
 ),
 counted AS (
     SELECT owner, type,
