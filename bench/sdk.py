@@ -18,7 +18,7 @@ etc. are called from a notebook. Three tables of `--rows` jobs:
   loading history (a thousand jobs running), 1 % failing, 0.2 % abandoned, 0.5 % throttled (their
   lanes paused in the lanes table), 0.1 % disconnected, and an open refresh for 30 %. Each of
   `progress()`, `failures()`, `lanes()` and `depth()` is printed next to its goal, under a
-  second. The table is filled with SQL (about five minutes here); `--keep SCHEMA` builds it
+  second. The table is filled with SQL (about three minutes here); `--keep SCHEMA` builds it
   there once and reuses it on the next run.
 
 `progress()` reads the history slices only, `failures()` the stopped jobs only, `depth()` and
@@ -110,7 +110,8 @@ FROM generate_series(1, %(owners)s) o, generate_series(0, %(days)s - 1) d
 
 
 # The accounts shape. Owner o is in lane o % lanes; its history is 25 slices of 30 days ending at
-# `anchor` (midnight ten days ago), newest first; the refreshes chain back from now.
+# `anchor` (midnight ten days ago), newest first; the refreshes chain back from now. Throttles and
+# retries wait a day, so that a kept table (--keep) shows the same states for a day.
 ACCOUNT_HISTORY = """
 INSERT INTO {jobs} (queue, owner, lane, type, mode, status, priority, window_start, window_end,
                     dedup_key, processed_count, attempt_count, throttle_count, error, next_run_at,
@@ -131,8 +132,8 @@ SELECT 'shops', 'owner-' || lpad(o::text, 6, '0'),
             THEN 'RuntimeError: order ' || (o * 31 + s) || ' not found'
             WHEN st.status = 'abandoned' THEN 'Abandon: account ' || o || ' revoked access' END,
        CASE WHEN st.throttled AND st.status IN ('pending', 'failed')
-            THEN now() + interval '20 minutes'
-            WHEN st.status IN ('failed', 'deferred') THEN now() + interval '1 hour'
+            THEN now() + interval '1 day'
+            WHEN st.status IN ('failed', 'deferred') THEN now() + interval '1 day'
             ELSE a.anchor END,
        a.anchor,
        CASE WHEN st.done IS NOT NULL THEN st.done - interval '3 minutes'
@@ -193,8 +194,8 @@ SELECT 'shops', 'owner-' || lpad(o::text, 6, '0'),
            WHEN 'deferred'
            THEN 'ShopUnavailable: 503 Service Unavailable (request ' || gen_random_uuid() || ')'
        END,
-       CASE WHEN st.status IN ('failed', 'deferred') THEN now() + interval '30 minutes'
-            WHEN st.status = 'pending' AND o %% 200 = 19 THEN now() + interval '20 minutes'
+       CASE WHEN st.status IN ('failed', 'deferred') THEN now() + interval '1 day'
+            WHEN st.status = 'pending' AND o %% 200 = 19 THEN now() + interval '1 day'
             ELSE w.window_end END,
        w.window_end,
        CASE WHEN st.status = 'running' THEN now() - interval '1 minute'
@@ -244,7 +245,7 @@ WHERE d = 0 OR NOT c.connecting
 ACCOUNT_LANES = """
 INSERT INTO {lanes} (queue, lane, paused_until)
 SELECT 'shops', 'lane-' || lpad((o %% %(lanes)s)::text, 6, '0'),
-       max(CASE WHEN o %% 200 = 19 THEN now() + interval '20 minutes'
+       max(CASE WHEN o %% 200 = 19 THEN now() + interval '1 day'
                 ELSE now() - interval '1 day' END)
 FROM generate_series(1, %(owners)s) o
 WHERE o %% 200 = 19 OR o %% 50 = 0
