@@ -9,6 +9,7 @@ only when a frame is made, so `import synclane` and the workers never load it.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -32,6 +33,9 @@ ERROR_WIDTH = 120
 IDS_SHOWN = 20
 # The most periods throughput() returns in one frame.
 MAX_PERIODS = 100_000
+# The most rows progress() returns unless told otherwise: an answer of this size takes a
+# fraction of a second (bench/sdk.py --shape accounts); a hundred thousand owners take seconds.
+PROGRESS_LIMIT = 10_000
 
 
 class Reads:
@@ -81,19 +85,38 @@ class Reads:
         *,
         state: str | Sequence[str] | None = None,
         recent: timedelta | float = timedelta(hours=1),
+        limit: int | None = PROGRESS_LIMIT,
     ) -> pd.DataFrame:
         """One row per owner and type: how far the first load is, its state and an ETA from the
-        slices completed in the last `recent`."""
-        from synclane.frames import STATES
+        slices completed in the last `recent`. At most `limit` rows, the first by owner and type
+        (None: all of them); a cut answer warns."""
+        from synclane import frames
 
+        if limit is not None and (
+            not isinstance(limit, int) or isinstance(limit, bool) or limit < 1
+        ):
+            raise ConfigError(
+                f"limit={limit!r:.100} must be a whole number of at least 1, or None for every "
+                "owner and type"
+            )
         params = {
             "queue": self.catalog.get(queue).name,
             "owner": owner,
             "type": type,
-            "states": _statuses("state", state, STATES),
+            "states": _statuses("state", state, frames.STATES),
             "recent": to_duration("recent", recent),
+            # one row more than asked for says whether the answer was cut
+            "limit": None if limit is None else limit + 1,
         }
-        return self._frame("progress", params)
+        columns, rows = self._rows("progress", params)
+        if limit is not None and len(rows) > limit:
+            del rows[limit:]
+            warnings.warn(
+                f"progress({params['queue']!r}) returned the first {limit:,} owners and types; "
+                "narrow it with owner=, type= or state=, or pass limit=None for all of them",
+                stacklevel=2,
+            )
+        return frames.typed_frame(columns, rows)
 
     def failures(
         self,
@@ -259,6 +282,9 @@ class Reads:
             # values given turns that into an index lookup, also once psycopg has prepared the
             # statement (after five calls) and PostgreSQL would switch to a generic plan.
             conn.execute("SET LOCAL plan_cache_mode = force_custom_plan")
+            # Grouping a hundred thousand open rows or history slices sorts or hashes them: in
+            # memory, not spilled to disk in 4 MB runs (the server's default work_mem).
+            conn.execute("SET LOCAL work_mem = '64MB'")
             cur = conn.execute(self.database.store.query(name), params)
             return [d.name for d in cur.description or []], cur.fetchall()
 

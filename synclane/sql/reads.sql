@@ -29,25 +29,51 @@ LIMIT %(limit)s;
 
 -- name: progress
 -- how far the first load (the history slices, mode 'initial') of each owner and type is: counts,
--- records, the unbroken loaded span, a state and an ETA, aggregated in the database in one pass
--- over the history slices (refreshes never count), plus an index lookup for the rare owner whose
--- newest slice is stuck while older ones loaded
-WITH counted AS (
+-- records, the unbroken loaded span, a state and an ETA; at most `limit` rows, the first by owner
+-- and type. Counts from the history index alone (jobs_history) in owner order, so a limit stops
+-- the walk; reads rows only for what that index leaves out (the errors of failed and deferred
+-- slices; the newest slice not loaded below the newest loaded one, when that is not the slice
+-- next to it). Refreshes never count. Asked only for states other than 'loaded', it counts only
+-- the owners that have a slice of a status such a state needs (jobs_history_unloaded, and the
+-- running jobs)
+WITH history AS (
+    SELECT owner, type, status, processed_count, window_start, window_end, next_run_at,
+           started_at, completed_at
+    FROM {schema}.jobs
+    WHERE queue = %(queue)s AND mode = 'initial'
+      AND (%(owner)s::text IS NULL OR owner = %(owner)s)
+      AND (%(type)s::text IS NULL OR type = %(type)s)
+      -- every state but 'loaded' needs a slice that is not completed: when only such states are
+      -- asked for, count only the owners that have a slice of a status that state needs
+      AND (%(states)s::text[] IS NULL OR 'loaded' = ANY (%(states)s::text[])
+           OR owner = ANY (ARRAY(
+               SELECT u.owner FROM {schema}.jobs u
+               WHERE u.queue = %(queue)s AND u.mode = 'initial'
+                 AND u.status IN ('pending', 'failed', 'deferred', 'abandoned', 'cancelled')
+                 AND ((u.status = 'abandoned' AND 'abandoned' = ANY (%(states)s::text[]))
+                      OR (u.status = 'cancelled' AND 'cancelled' = ANY (%(states)s::text[]))
+                      OR (u.status IN ('failed', 'deferred')
+                          AND %(states)s::text[] && ARRAY['failing', 'connecting', 'loading'])
+                      OR (u.status = 'pending'
+                          AND %(states)s::text[] && ARRAY['connecting', 'loading'])
+                      -- a throttle holds back slices until a later time
+                      OR (u.status IN ('pending', 'failed', 'deferred') AND u.next_run_at > now()
+                          AND 'throttled' = ANY (%(states)s::text[])))
+               UNION
+               SELECT r.owner FROM {schema}.jobs r
+               WHERE r.queue = %(queue)s AND r.status = 'running' AND r.mode = 'initial'
+                 AND %(states)s::text[] && ARRAY['connecting', 'loading'])))
+),
+counted AS (
     SELECT owner, type,
            count(*) AS slices_total,
            count(*) FILTER (WHERE status = 'completed') AS slices_completed,
            count(*) FILTER (WHERE status IN ('pending', 'running')) AS slices_open,
            count(*) FILTER (WHERE status IN ('failed', 'deferred')) AS slices_retrying,
            count(*) FILTER (WHERE status = 'abandoned') AS slices_abandoned,
-           bool_or(status = 'deferred'
-                   OR (status = 'failed' AND coalesce(error, '') NOT LIKE 'Throttled%%'))
-               AS failing,
-           -- a throttle fails its job with a Throttled error and pushes every other open job
-           -- of the lane to the same time; nothing else leaves a pending job waiting
-           bool_or(next_run_at > now()
-                   AND (status = 'pending'
-                        OR (status IN ('failed', 'deferred') AND error LIKE 'Throttled%%')))
-               AS paused,
+           -- nothing but a throttle leaves a pending job waiting (it pushes every open job of
+           -- the lane to its own time)
+           bool_or(status = 'pending' AND next_run_at > now()) AS pending_paused,
            coalesce(sum(processed_count), 0)::bigint AS records,
            max(window_end) FILTER (WHERE status = 'completed') AS coverage_end,
            min(window_start) AS history_start,
@@ -57,10 +83,7 @@ WITH counted AS (
            min(started_at) FILTER (WHERE status = 'completed' AND completed_at > now() - %(recent)s)
                AS recent_since,
            max(completed_at) FILTER (WHERE status = 'completed') AS last_completed_at
-    FROM {schema}.jobs
-    WHERE queue = %(queue)s AND mode = 'initial'
-      AND (%(owner)s::text IS NULL OR owner = %(owner)s)
-      AND (%(type)s::text IS NULL OR type = %(type)s)
+    FROM history
     GROUP BY owner, type
 ),
 stated AS (
@@ -71,9 +94,9 @@ stated AS (
            slices_open + slices_retrying AS remaining,
            CASE WHEN slices_completed = slices_total THEN 'loaded'
                 WHEN slices_abandoned > 0 THEN 'abandoned'
-                WHEN failing THEN 'failing'
+                WHEN r.failing THEN 'failing'
                 WHEN slices_open + slices_retrying = 0 THEN 'cancelled'
-                WHEN paused THEN 'throttled'
+                WHEN pending_paused OR r.throttled THEN 'throttled'
                 WHEN slices_completed = 0 THEN 'connecting'
                 ELSE 'loading' END AS state,
            -- slices tile history without gaps or overlaps, so the loaded span runs back from
@@ -86,6 +109,17 @@ stated AS (
                         AND g.mode = 'initial' AND g.status <> 'completed'
                       ORDER BY g.window_end DESC LIMIT 1) END AS gap_end
     FROM counted c
+    -- a failed or deferred slice fails the owner, unless it failed with a throttle: read those
+    -- few rows for their errors
+    LEFT JOIN LATERAL (
+        SELECT bool_or(f.status = 'deferred' OR coalesce(f.error, '') NOT LIKE 'Throttled%%')
+                   AS failing,
+               bool_or(f.next_run_at > now() AND f.error LIKE 'Throttled%%') AS throttled
+        FROM {schema}.jobs f
+        WHERE c.slices_retrying > 0
+          AND f.queue = %(queue)s AND f.status IN ('failed', 'deferred')
+          AND f.owner = c.owner AND f.type = c.type AND f.mode = 'initial'
+    ) r ON true
 )
 SELECT owner, type, state,
        round(100.0 * slices_completed / slices_total, 1)::float8 AS percent,
@@ -100,7 +134,8 @@ SELECT owner, type, state,
        last_completed_at
 FROM stated
 WHERE (%(states)s::text[] IS NULL OR state = ANY (%(states)s::text[]))
-ORDER BY owner, type;
+ORDER BY owner, type
+LIMIT %(limit)s;
 
 -- name: open_jobs
 -- how many jobs of these queues have not finished (from the partial index of open rows)
@@ -130,10 +165,14 @@ WITH causes AS (
       AND (%(queue)s::text IS NULL OR queue = %(queue)s)
       AND (%(owner)s::text IS NULL OR owner = %(owner)s)
       AND (%(type)s::text IS NULL OR type = %(type)s)
-      AND coalesce(heartbeat_at, created_at)
-          >= coalesce(%(since)s::timestamptz, now() - %(since_ago)s::interval, '-infinity')
-      AND coalesce(heartbeat_at, created_at)
-          < coalesce(%(until)s::timestamptz, now() - %(until_ago)s::interval, 'infinity')
+      -- written out only when a bound is given: an open bound is no condition for the planner
+      -- to guess the selectivity of
+      AND (%(since)s::timestamptz IS NULL AND %(since_ago)s::interval IS NULL
+           OR coalesce(heartbeat_at, created_at)
+              >= coalesce(%(since)s::timestamptz, now() - %(since_ago)s::interval))
+      AND (%(until)s::timestamptz IS NULL AND %(until_ago)s::interval IS NULL
+           OR coalesce(heartbeat_at, created_at)
+              < coalesce(%(until)s::timestamptz, now() - %(until_ago)s::interval))
     GROUP BY 1, queue, type
 )
 SELECT c.cause, c.queue, c.type, c.jobs, c.failed, c.deferred, c.abandoned, c.owner_count,
@@ -150,46 +189,78 @@ ORDER BY c.jobs DESC, c.last_seen DESC, c.cause;
 -- name: lanes
 -- what each lane with open jobs is doing now: its running job (if any), who holds it and since
 -- when, how many jobs wait and how many are due, and until when a throttle pauses it (the lane's
--- own pause, which also holds jobs that joined it since, or its jobs' throttle); counts the
--- open rows per lane first, then looks up each lane's running job in the running-lane index
-WITH open AS (
+-- own pause, which also holds jobs that joined it since, or its jobs' throttle). Counts the
+-- waiting jobs of each lane from the index of waiting rows alone (jobs_waiting), takes the running
+-- ones from the running-lane index, and reads rows only for the errors of failed and deferred
+-- jobs that wait for a later time (is it a throttle?)
+WITH waiting AS (
     SELECT queue, lane,
-           count(*) FILTER (WHERE status <> 'running') AS waiting,
+           count(*) AS waiting,
            count(*) FILTER (WHERE status IN ('pending', 'failed') AND next_run_at <= now()) AS due,
            min(next_run_at) FILTER (WHERE status IN ('pending', 'failed')) AS next_due,
-           max(next_run_at) FILTER (WHERE status IN ('failed', 'deferred')
-                                      AND next_run_at > now() AND error LIKE 'Throttled%%')
-               AS paused_until
+           count(*) FILTER (WHERE status IN ('failed', 'deferred') AND next_run_at > now())
+               AS held
     FROM {schema}.jobs
-    WHERE status IN ('pending', 'running', 'failed', 'deferred')
+    WHERE status IN ('pending', 'failed', 'deferred')
       AND (%(queue)s::text IS NULL OR queue = %(queue)s)
       AND (%(lane)s::text IS NULL OR lane = %(lane)s)
     GROUP BY queue, lane
+),
+running AS (
+    SELECT id, queue, lane
+    FROM {schema}.jobs
+    WHERE status = 'running'
+      AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+      AND (%(lane)s::text IS NULL OR lane = %(lane)s)
+),
+open AS (
+    SELECT coalesce(w.queue, r.queue) AS queue, coalesce(w.lane, r.lane) AS lane,
+           r.id AS running_id, coalesce(w.waiting, 0) AS waiting, coalesce(w.due, 0) AS due,
+           w.next_due, coalesce(w.held, 0) AS held
+    FROM waiting w
+    FULL JOIN running r ON r.queue = w.queue AND r.lane = w.lane
 )
 SELECT o.queue, o.lane,
        r.id AS job_id, r.owner, r.type, r.mode, r.window_start, r.window_end, r.cursor,
        r.processed_count, r.attempt_count, r.leased_by, r.started_at AS since,
        now() - r.started_at AS running_for, r.lease_expires_at,
        o.waiting, o.due, o.next_due,
-       CASE WHEN p.paused_until > now() THEN greatest(p.paused_until, o.paused_until)
-            ELSE o.paused_until END AS paused_until
+       CASE WHEN p.paused_until > now() THEN greatest(p.paused_until, t.paused_until)
+            ELSE t.paused_until END AS paused_until
 FROM open o
-LEFT JOIN {schema}.jobs r ON r.queue = o.queue AND r.lane = o.lane AND r.status = 'running'
+LEFT JOIN {schema}.jobs r ON r.id = o.running_id
 LEFT JOIN {schema}.lanes p ON p.queue = o.queue AND p.lane = o.lane
+LEFT JOIN LATERAL (
+    SELECT max(f.next_run_at) AS paused_until
+    FROM {schema}.jobs f
+    WHERE o.held > 0
+      AND f.queue = o.queue AND f.lane = o.lane AND f.status IN ('failed', 'deferred')
+      AND f.next_run_at > now() AND f.error LIKE 'Throttled%%'
+) t ON true
 ORDER BY o.queue, o.lane;
 
 -- name: depth
--- open jobs counted by queue, lane and status in the database; reads only open rows (grouped by
--- owner first, which counts the owners without a sort)
+-- open jobs counted by queue, lane and status in the database: the waiting ones (pending, failed,
+-- deferred) from the index of waiting rows alone (jobs_waiting), the running ones from the
+-- running-lane index; grouped by owner first, which counts the owners without a sort
 WITH by_owner AS (
     SELECT queue, lane, status, owner,
            count(*) AS jobs,
            count(*) FILTER (WHERE status IN ('pending', 'failed') AND next_run_at <= now()) AS due,
            min(created_at) AS oldest,
-           min(next_run_at) FILTER (WHERE status <> 'running') AS next_run_at
+           min(next_run_at) AS next_run_at
     FROM {schema}.jobs
-    WHERE status IN ('pending', 'running', 'failed', 'deferred')
+    WHERE status IN ('pending', 'failed', 'deferred')
       AND (%(statuses)s::text[] IS NULL OR status = ANY (%(statuses)s::text[]))
+      AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+      AND (%(owner)s::text IS NULL OR owner = %(owner)s)
+      AND (%(type)s::text IS NULL OR type = %(type)s)
+    GROUP BY queue, lane, status, owner
+    UNION ALL
+    SELECT queue, lane, status, owner, count(*), 0, min(created_at), NULL
+    FROM {schema}.jobs
+    WHERE status = 'running'
+      AND (%(statuses)s::text[] IS NULL OR 'running' = ANY (%(statuses)s::text[]))
       AND (%(queue)s::text IS NULL OR queue = %(queue)s)
       AND (%(owner)s::text IS NULL OR owner = %(owner)s)
       AND (%(type)s::text IS NULL OR type = %(type)s)

@@ -219,4 +219,26 @@ BEGIN
 END
 $start$;
 
+-- The notebook SDK's reads at a hundred thousand owners (docs/sdk.md, "Cost"): each answers
+-- from an index alone instead of visiting a row per job. Refreshes and manual jobs never enter
+-- the two history indexes, and taking or finishing a job writes no entry in jobs_waiting or
+-- jobs_history_unloaded (running and finished rows are outside them); a history slice costs an
+-- entry in jobs_history when it is planned, taken and finished.
+-- progress() counts each owner's history slices here, walking owners in order, so that its
+-- limit stops the walk.
+CREATE INDEX IF NOT EXISTS jobs_history
+    ON {schema}.jobs (queue, owner, type)
+    INCLUDE (status, processed_count, window_start, window_end, next_run_at, started_at,
+             completed_at)
+    WHERE mode = 'initial';
+-- progress(state=...) finds here the few owners whose first load is not done (their running
+-- slices are in jobs_running_lane).
+CREATE INDEX IF NOT EXISTS jobs_history_unloaded
+    ON {schema}.jobs (queue, status, owner) INCLUDE (next_run_at)
+    WHERE mode = 'initial' AND status IN ('pending', 'failed', 'deferred', 'abandoned', 'cancelled');
+-- lanes() and depth() count the jobs that wait (pending, failed, deferred) here.
+CREATE INDEX IF NOT EXISTS jobs_waiting
+    ON {schema}.jobs (queue, lane, status, owner) INCLUDE (type, next_run_at, created_at)
+    WHERE status IN ('pending', 'failed', 'deferred');
+
 INSERT INTO {schema}.schema_version (version) VALUES (3) ON CONFLICT DO NOTHING;
