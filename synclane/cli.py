@@ -14,6 +14,7 @@ import os
 import sys
 import threading
 import traceback
+import warnings
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -125,10 +126,14 @@ def cmd_progress(args: argparse.Namespace, term: Terminal) -> int:
     for queue in queues:
         if len(queues) > 1:
             term.say(f"== {queue}")
-        frame = app.progress(queue, args.owner, args.type)
+        with warnings.catch_warnings(record=True) as cut:
+            warnings.simplefilter("always")
+            frame = app.progress(queue, args.owner, args.type)
         if frame.empty:
             cli_args.check_owner(app, queues, args.owner)
         term.table(frame, PROGRESS_COLUMNS, "nothing planned yet")
+        for warning in cut:  # a long answer was cut: say so in one line, not as a warning
+            term.say(str(warning.message).splitlines()[0])
     return 0
 
 

@@ -108,7 +108,7 @@ def widen_history(
         added = app.plan(queue, horizon=horizon, type=type)[queue]
     else:
         added = sum(app.plan(queue, owner, horizon=horizon, type=type)[queue] for owner in owners)
-    progress = app.progress(queue, type=type)
+    progress = app.progress(queue, type=type, limit=None)
     progress = progress[progress["type"].isin(windowed)]
     if owners is not None:
         unknown = sorted(set(owners) - set(progress["owner"]))

@@ -32,7 +32,7 @@ class QueueReport:
 
     @classmethod
     def read(cls, app: SyncLane, queue: str) -> QueueReport:
-        return cls(queue, app.progress(queue), app.failures(queue), app.depth(queue))
+        return cls(queue, app.progress(queue, limit=None), app.failures(queue), app.depth(queue))
 
     # -- numbers ---------------------------------------------------------------------------
 

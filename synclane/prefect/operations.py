@@ -74,7 +74,7 @@ def progress_rows(
 ) -> list[Row]:
     """`app.progress(queue)` as JSON-safe rows (one per owner and type; timestamps in ISO 8601,
     missing values as None), ready for a table artifact."""
-    frame = app.progress(queue)
+    frame = app.progress(queue, limit=None)
     if owners is not None:
         frame = frame[frame["owner"].isin(list(owners))]
     if type is not None:
