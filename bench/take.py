@@ -25,6 +25,7 @@ from psycopg import sql
 
 from bench.common import bench_dsn, fresh_schema, summary_ms, timed
 from synclane.store import WORKER_SESSION, Store
+from synclane.worker.taker import LANES_A_LOOK, LOOKS
 
 
 def _fill(conn: psycopg.Connection[Any], schema: str, statement: str) -> None:
@@ -48,7 +49,27 @@ FROM generate_series(1, %(rows)s) n
 """
 
 
-def measure(dsn: str, schema: str, rounds: int) -> list[float]:
+def settle(
+    conn: psycopg.Connection[Any], store: Store, params: dict[str, Any], schema: str, free: str
+) -> None:
+    """The steady state of a running fleet: each look lane by lane parks the busy lanes it reads
+    (and commits that with its take), so a busy lane is read once per busy period. Here the free
+    lane steps aside while looks park every busy lane, then comes back, due at once."""
+    jobs, lanes = sql.Identifier(schema, "jobs"), sql.Identifier(schema, "lanes")
+    hide = "UPDATE {} SET next_run_at = now() + interval '1 hour' WHERE lane = %s"
+    conn.execute(sql.SQL(hide).format(jobs), [free])
+    conn.commit()
+    while True:
+        row = conn.execute(store.query("take_by_lane"), params).fetchone()
+        conn.commit()
+        if row is None or row[0] < LANES_A_LOOK:
+            break
+    conn.execute(sql.SQL("UPDATE {} SET next_run_at = now() WHERE lane = %s").format(jobs), [free])
+    conn.execute(sql.SQL("UPDATE {} SET due_at = now() WHERE lane = %s").format(lanes), [free])
+    conn.commit()
+
+
+def measure(dsn: str, schema: str, rounds: int, free: str | None = None) -> list[float]:
     store = Store(schema)
     times = []
     with psycopg.connect(dsn) as conn:
@@ -66,6 +87,9 @@ def measure(dsn: str, schema: str, rounds: int) -> list[float]:
             "done_counts": [],
             "tokens": [uuid4()],  # the worker's own lease token for what it takes
             "token": uuid4(),
+            "lane_width": 1,  # no lane wider than one and no queue cap: the default queue
+            "max_running": None,
+            "visit": LANES_A_LOOK,
         }
 
         def take() -> Any:
@@ -73,7 +97,15 @@ def measure(dsn: str, schema: str, rounds: int) -> list[float]:
             row = conn.execute(store.query("take_front"), params).fetchone()
             if row is not None and row[1] is not None:  # (completed, id, …)
                 return row
-            return conn.execute(store.query("take_by_lane"), params).fetchone()
+            for _ in range(LOOKS):
+                row = conn.execute(store.query("take_by_lane"), params).fetchone()
+                if row is None or row[1] is not None or row[0] < LANES_A_LOOK:  # (looked, id, …)
+                    return row if row is not None and row[1] is not None else None
+                conn.commit()  # a look that parked a batch of busy lanes: keep what it learnt
+            return None
+
+        if free is not None:
+            settle(conn, store, params, schema, free)
 
         for _ in range(rounds):
             elapsed, row = timed(take)
@@ -83,7 +115,13 @@ def measure(dsn: str, schema: str, rounds: int) -> list[float]:
     return times
 
 
-def scenario(dsn: str, name: str, rounds: int, arrange: list[tuple[str, dict[str, Any]]]) -> str:
+def scenario(
+    dsn: str,
+    name: str,
+    rounds: int,
+    arrange: list[tuple[str, dict[str, Any]]],
+    free: str | None = None,
+) -> str:
     from synclane import SyncLane
 
     with fresh_schema(dsn) as schema:
@@ -92,7 +130,7 @@ def scenario(dsn: str, name: str, rounds: int, arrange: list[tuple[str, dict[str
             for statement, params in arrange:
                 conn.execute(sql.SQL(statement).format(jobs=sql.Identifier(schema, "jobs")), params)
             conn.execute(sql.SQL("VACUUM ANALYZE {}").format(sql.Identifier(schema, "jobs")))
-        measure(dsn, schema, 20)  # warm up
+        measure(dsn, schema, 20, free)  # warm up
         times = measure(dsn, schema, rounds)
     line = f"{name:<28} {summary_ms(times)}"
     print(line, flush=True)
@@ -128,9 +166,9 @@ def main(
     backlog = (PENDING, {"lanes": backlog_lanes, "per_lane": backlog_per_lane})
     free = f"lane-{backlog_lanes // 2}"
     busy = (BUSY, {"free": free})
-    lines.append(scenario(dsn, "blocked backlog", rounds, [backlog, busy]))
+    lines.append(scenario(dsn, "blocked backlog", rounds, [backlog, busy], free))
     oldest = (OLDEST, {"free": free})
-    lines.append(scenario(dsn, "blocked, worst order", rounds, [backlog, oldest, busy]))
+    lines.append(scenario(dsn, "blocked, worst order", rounds, [backlog, oldest, busy], free))
     return lines
 
 

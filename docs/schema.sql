@@ -241,4 +241,57 @@ CREATE INDEX IF NOT EXISTS jobs_waiting
     ON "synclane".jobs (queue, lane, status, owner) INCLUDE (type, next_run_at, created_at)
     WHERE status IN ('pending', 'failed', 'deferred');
 
+-- Where a worker looks when the front of the line waits behind busy lanes: each lane's due_at is
+-- the earliest instant one of its open jobs may be due, or NULL when the lane has none or was
+-- found busy ("parked"). A hint, never a guarantee: the take checks every lane it reads, parks
+-- the busy ones and moves the others' hint to their earliest job; a job that leaves `running`
+-- un-parks its lane (unpark_lane); a job inserted by any means sets its lane's hint (the
+-- trigger below). So a look for a free lane reads the lanes that may be due, not every lane.
+ALTER TABLE "synclane".lanes ADD COLUMN IF NOT EXISTS due_at timestamptz;
+CREATE INDEX IF NOT EXISTS lanes_due ON "synclane".lanes (queue, due_at) WHERE due_at IS NOT NULL;
+
+CREATE OR REPLACE FUNCTION "synclane".lanes_of_new_jobs() RETURNS trigger
+LANGUAGE plpgsql AS $hint$
+BEGIN
+    INSERT INTO "synclane".lanes AS l (queue, lane, due_at)
+    SELECT queue, lane, min(next_run_at) FROM added
+    WHERE status IN ('pending', 'failed', 'deferred')
+    GROUP BY queue, lane
+    ORDER BY queue, lane
+    ON CONFLICT (queue, lane) DO UPDATE
+    SET due_at = least(l.due_at, excluded.due_at)
+    WHERE l.due_at IS NULL OR l.due_at > excluded.due_at;
+    RETURN NULL;
+END
+$hint$;
+DROP TRIGGER IF EXISTS jobs_hint_lanes ON "synclane".jobs;
+CREATE TRIGGER jobs_hint_lanes AFTER INSERT ON "synclane".jobs
+    REFERENCING NEW TABLE AS added FOR EACH STATEMENT
+    EXECUTE FUNCTION "synclane".lanes_of_new_jobs();
+
+-- A job of the lane stopped running (completed, failed, handed back …): when the lane was parked
+-- as busy, its hint moves back to its earliest open job. `changed` is that job and `also` when it
+-- is due now if it stays open (NULL if not): the caller's statement may not show it yet.
+CREATE OR REPLACE FUNCTION "synclane".unpark_lane(
+    queue_name text, lane_name text, also timestamptz, changed bigint
+) RETURNS integer LANGUAGE sql AS $unpark$
+    WITH unparked AS (
+        UPDATE "synclane".lanes l
+        SET due_at = least(also, (SELECT min(j.next_run_at) FROM "synclane".jobs j
+                                  WHERE j.queue = queue_name AND j.lane = lane_name
+                                    AND j.status IN ('pending', 'failed', 'deferred')
+                                    AND j.id <> changed))
+        WHERE l.queue = queue_name AND l.lane = lane_name AND l.due_at IS NULL
+        RETURNING 1
+    )
+    SELECT count(*)::integer FROM unparked;
+$unpark$;
+
+-- Lanes of a table made by an older synclane get their hint once.
+INSERT INTO "synclane".lanes AS l (queue, lane, due_at)
+SELECT queue, lane, min(next_run_at) FROM "synclane".jobs
+WHERE status IN ('pending', 'failed', 'deferred')
+GROUP BY queue, lane
+ON CONFLICT (queue, lane) DO UPDATE SET due_at = least(l.due_at, excluded.due_at);
+
 INSERT INTO "synclane".schema_version (version) VALUES (3) ON CONFLICT DO NOTHING;

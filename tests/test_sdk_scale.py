@@ -130,6 +130,7 @@ VALUES ('shops', 'calm', 'lane-calm', 'products', 'manual', 'failed', 'manual:2'
 INSERT INTO {lanes} (queue, lane, paused_until)
 VALUES ('shops', 'lane-4', now() + interval '2 hours'),
        ('shops', 'lane-5', now() - interval '1 hour')
+ON CONFLICT (queue, lane) DO UPDATE SET paused_until = excluded.paused_until
 """,
 ]
 

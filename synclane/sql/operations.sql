@@ -46,16 +46,26 @@ WITH chosen AS (
       AND j.status = ANY (%(statuses)s::text[])
     ORDER BY j.id
     FOR UPDATE OF j
+),
+requeued AS (
+    UPDATE {schema}.jobs j
+    SET status = 'pending', attempt_count = 0, throttle_count = 0, stalls = 0, error = NULL,
+        next_run_at = greatest(now(), c.paused_until), completed_at = NULL,
+        leased_by = CASE WHEN c.held THEN j.leased_by END,
+        lease_token = CASE WHEN c.held THEN j.lease_token END,
+        lease_expires_at = CASE WHEN c.held THEN j.lease_expires_at END
+    FROM chosen c
+    WHERE j.id = c.id
+    RETURNING j.id, j.queue, j.lane, j.next_run_at
+),
+hinted AS (
+    -- the lanes' hints (lanes.due_at) say their requeued jobs are due
+    INSERT INTO {schema}.lanes AS l (queue, lane, due_at)
+    SELECT queue, lane, min(next_run_at) FROM requeued GROUP BY queue, lane
+    ORDER BY queue, lane
+    ON CONFLICT (queue, lane) DO UPDATE SET due_at = least(l.due_at, excluded.due_at)
 )
-UPDATE {schema}.jobs j
-SET status = 'pending', attempt_count = 0, throttle_count = 0, stalls = 0, error = NULL,
-    next_run_at = greatest(now(), c.paused_until), completed_at = NULL,
-    leased_by = CASE WHEN c.held THEN j.leased_by END,
-    lease_token = CASE WHEN c.held THEN j.lease_token END,
-    lease_expires_at = CASE WHEN c.held THEN j.lease_expires_at END
-FROM chosen c
-WHERE j.id = c.id
-RETURNING j.id;
+SELECT id FROM requeued;
 
 -- name: cancel_jobs
 -- what has not finished becomes cancelled; a running job keeps its lease until its worker notices
@@ -73,7 +83,7 @@ UPDATE {schema}.jobs j
 SET status = 'cancelled', error = %(error)s, completed_at = now()
 FROM chosen c
 WHERE j.id = c.id
-RETURNING j.id;
+RETURNING j.id, j.queue, j.lane, j.next_run_at
 
 -- name: pause_queue
 -- pauses a queue for every process: nothing new is taken from it (the take statements read this

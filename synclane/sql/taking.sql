@@ -23,37 +23,38 @@ WITH done AS (
     FROM unnest(%(done_ids)s::bigint[], %(done_tokens)s::uuid[], %(done_counts)s::bigint[])
          AS d (id, token, count)
     WHERE j.id = d.id AND j.lease_token = d.token AND j.status = 'running'
-    RETURNING j.id
-),
-running AS MATERIALIZED (
-    -- the jobs completed above no longer run: their slots are free at once
-    SELECT lane, lane_slot, queue_slot FROM {schema}.jobs
-    WHERE queue = %(queue)s AND status = 'running' AND id <> ALL (%(done_ids)s::bigint[])
-),
-busy AS MATERIALIZED (
-    SELECT lane FROM running GROUP BY lane HAVING count(*) >= %(lane_width)s
-    UNION ALL
-    -- a page may still be in flight under a live lease of a job that stopped running
-    SELECT lane FROM {schema}.jobs
-    WHERE queue = %(queue)s AND status <> 'running' AND lease_token IS NOT NULL
-      AND lease_expires_at > now()
+    RETURNING j.id, j.queue, j.lane
 ),
 room AS (
     SELECT CASE WHEN EXISTS (SELECT FROM {schema}.queue_pauses WHERE queue = %(queue)s) THEN 0
                 WHEN %(max_running)s::int IS NULL THEN %(plain)s::int + (SELECT count(*) FROM done)
                 ELSE least(%(plain)s::int + (SELECT count(*) FROM done),
-                           %(max_running)s::int - (SELECT count(*) FROM running)) END AS slots
+                           %(max_running)s::int
+                           - (SELECT count(*) FROM {schema}.jobs
+                              WHERE queue = %(queue)s AND status = 'running'
+                                AND id <> ALL (%(done_ids)s::bigint[]))) END AS slots
 ),
 front AS (
-    -- the best job of each lane with room among the first %(front)s in taking order
-    SELECT DISTINCT ON (f.lane) f.id FROM (
-        SELECT id, lane, next_run_at, priority, window_start FROM {schema}.jobs
-        WHERE queue = %(queue)s AND status IN ('pending', 'failed')
-        ORDER BY priority, window_start DESC NULLS LAST, id
-        LIMIT %(front)s
-    ) f
-    WHERE f.next_run_at <= now() AND f.lane NOT IN (SELECT lane FROM busy)
-    ORDER BY f.lane, f.priority, f.window_start DESC NULLS LAST, f.id
+    -- the best due job of each lane among the first %(front)s in taking order, of the lanes with
+    -- room: each lane is looked up in the running-lane index (the jobs completed above no longer
+    -- run: their slots are free at once) and the index of live leases of jobs that stopped
+    -- running (a page may still be in flight), so the cost follows the front, not the fleet
+    SELECT c.id FROM (
+        SELECT DISTINCT ON (f.lane) f.id, f.lane FROM (
+            SELECT id, lane, next_run_at, priority, window_start FROM {schema}.jobs
+            WHERE queue = %(queue)s AND status IN ('pending', 'failed')
+            ORDER BY priority, window_start DESC NULLS LAST, id
+            LIMIT %(front)s
+        ) f
+        WHERE f.next_run_at <= now()
+        ORDER BY f.lane, f.priority, f.window_start DESC NULLS LAST, f.id
+    ) c
+    WHERE (SELECT count(*) FROM {schema}.jobs r
+           WHERE r.queue = %(queue)s AND r.lane = c.lane AND r.status = 'running'
+             AND r.id <> ALL (%(done_ids)s::bigint[])) < %(lane_width)s
+      AND NOT EXISTS (SELECT FROM {schema}.jobs h
+                      WHERE h.queue = %(queue)s AND h.lane = c.lane AND h.status <> 'running'
+                        AND h.lease_token IS NOT NULL AND h.lease_expires_at > now())
 ),
 taken AS (
     -- the limit reads the completions first, so they have freed their slots in the running-lane
@@ -67,21 +68,30 @@ taken AS (
 numbered AS (
     SELECT id, status, lane, row_number() OVER () AS n FROM taken
 ),
+queue_slots AS MATERIALIZED (
+    -- the slots of the queue in use (read only under a cap)
+    SELECT queue_slot FROM {schema}.jobs
+    WHERE %(max_running)s::int IS NOT NULL AND queue = %(queue)s AND status = 'running'
+      AND queue_slot IS NOT NULL AND id <> ALL (%(done_ids)s::bigint[])
+),
 free_queue_slots AS (
     -- free slots of the queue in a random order, so that takers of several processes seldom
-    -- choose the same one (the lowest running + taken numbers hold enough free ones)
+    -- choose the same one (the lowest slots in use + taken numbers hold enough free ones)
     SELECT s, row_number() OVER (ORDER BY random()) AS n
     FROM generate_series(0, least(coalesce(%(max_running)s::int, 0),
-                                  (SELECT count(*) FROM running) + (SELECT count(*) FROM taken))
-                            - 1) s
-    WHERE s NOT IN (SELECT queue_slot FROM running WHERE queue_slot IS NOT NULL)
+                                  (SELECT count(*) FROM queue_slots)
+                                  + (SELECT count(*) FROM taken)) - 1) s
+    WHERE s NOT IN (SELECT queue_slot FROM queue_slots)
 ),
 tokened AS (
     -- the worker's own tokens, in taking order: after a lost answer it finds what it took
     SELECT t.id, t.status, (%(tokens)s::uuid[])[t.n] AS token, q.s AS queue_slot,
            CASE WHEN %(lane_width)s::int = 1 THEN 0
                 ELSE (SELECT min(w) FROM generate_series(0, %(lane_width)s::int - 1) w
-                      WHERE w NOT IN (SELECT r.lane_slot FROM running r WHERE r.lane = t.lane))
+                      WHERE w NOT IN (SELECT r.lane_slot FROM {schema}.jobs r
+                                      WHERE r.queue = %(queue)s AND r.lane = t.lane
+                                        AND r.status = 'running'
+                                        AND r.id <> ALL (%(done_ids)s::bigint[])))
            END AS lane_slot
     FROM numbered t
     LEFT JOIN free_queue_slots q ON q.n = t.n
@@ -99,66 +109,79 @@ next AS (
               tokened.status AS previous_status, j.priority
 )
 SELECT ARRAY(SELECT id FROM done) AS completed, next.*
-FROM (SELECT) AS one LEFT JOIN next ON true
+FROM (SELECT) AS one
+CROSS JOIN (SELECT sum({schema}.unpark_lane(queue, lane, NULL, id)) FROM done) AS unparked
+LEFT JOIN next ON true
 ORDER BY next.priority, next.window_start DESC NULLS LAST, next.id;
 
 -- name: take_by_lane
--- the same take when the front of the line waits behind busy lanes: visits each lane with open
--- jobs once (cost grows with lanes, not jobs), and gives a deferred job its last attempt only
--- once nothing else of its lane is open; the same pause, lane width and queue cap; the indexes
--- still refuse a second taker of a slot
-WITH RECURSIVE running AS MATERIALIZED (
-    SELECT lane, lane_slot, queue_slot FROM {schema}.jobs
-    WHERE queue = %(queue)s AND status = 'running'
-),
-busy AS MATERIALIZED (
-    SELECT lane FROM running GROUP BY lane HAVING count(*) >= %(lane_width)s
-    UNION ALL
-    SELECT lane FROM {schema}.jobs
-    WHERE queue = %(queue)s AND status <> 'running' AND lease_token IS NOT NULL
-      AND lease_expires_at > now()
-),
-open (allowed) AS (
+-- the same take when the front of the line waits behind busy lanes: reads up to %(visit)s lanes
+-- whose hint says a job may be due (lanes.due_at, earliest first), not every lane. Of those it
+-- parks the busy ones (full, or held by a live lease) and moves the hint of those with nothing
+-- due to their earliest open job, so the next look skips them; of the rest it takes the best head
+-- (its best due job, or a deferred job's last attempt once nothing else of its lane is open or
+-- running). The same pause, lane width and queue cap; the indexes still refuse a second taker
+WITH allowed AS (
     SELECT NOT EXISTS (SELECT FROM {schema}.queue_pauses WHERE queue = %(queue)s)
            AND (%(max_running)s::int IS NULL
-                OR (SELECT count(*) FROM running) < %(max_running)s::int)
+                OR (SELECT count(*) FROM {schema}.jobs
+                    WHERE queue = %(queue)s AND status = 'running') < %(max_running)s::int)
+           AS ok
 ),
-lanes (lane) AS (
-    (SELECT lane FROM {schema}.jobs
-     WHERE queue = %(queue)s AND status IN ('pending', 'failed', 'deferred')
-       AND (SELECT allowed FROM open)
-     ORDER BY lane LIMIT 1)
-    UNION ALL
-    SELECT (SELECT j.lane FROM {schema}.jobs j
-            WHERE j.queue = %(queue)s AND j.status IN ('pending', 'failed', 'deferred')
-              AND j.lane > lanes.lane
-            ORDER BY j.lane LIMIT 1)
-    FROM lanes WHERE lanes.lane IS NOT NULL
+candidates AS MATERIALIZED (
+    SELECT l.lane FROM {schema}.lanes l
+    WHERE l.queue = %(queue)s AND l.due_at <= now() AND (SELECT ok FROM allowed)
+    ORDER BY l.due_at
+    LIMIT %(visit)s
 ),
-heads AS (
-    SELECT head.id FROM lanes
-    CROSS JOIN LATERAL (
-        (SELECT j.id FROM {schema}.jobs j
-         WHERE j.queue = %(queue)s AND j.lane = lanes.lane
-           AND j.status IN ('pending', 'failed') AND j.next_run_at <= now()
-         ORDER BY j.priority, j.window_start DESC NULLS LAST, j.id LIMIT 1)
-        UNION ALL
-        (SELECT d.id FROM {schema}.jobs d
-         WHERE d.queue = %(queue)s AND d.lane = lanes.lane
-           AND d.status = 'deferred' AND d.next_run_at <= now()
-           AND NOT EXISTS (
-               SELECT 1 FROM {schema}.jobs o
-               WHERE o.queue = %(queue)s AND o.lane = lanes.lane
-                 AND o.status IN ('pending', 'failed', 'running'))
-         ORDER BY d.priority, d.window_start DESC NULLS LAST, d.id LIMIT 1)
-        LIMIT 1
-    ) head
-    WHERE lanes.lane IS NOT NULL AND lanes.lane NOT IN (SELECT lane FROM busy)
+looked AS MATERIALIZED (
+    SELECT c.lane,
+           (SELECT count(*) FROM {schema}.jobs r
+            WHERE r.queue = %(queue)s AND r.lane = c.lane AND r.status = 'running')
+               >= %(lane_width)s
+           OR EXISTS (SELECT FROM {schema}.jobs h
+                      WHERE h.queue = %(queue)s AND h.lane = c.lane AND h.status <> 'running'
+                        AND h.lease_token IS NOT NULL AND h.lease_expires_at > now()) AS busy,
+           (SELECT head.id FROM (
+                (SELECT j.id, j.priority, j.window_start FROM {schema}.jobs j
+                 WHERE j.queue = %(queue)s AND j.lane = c.lane
+                   AND j.status IN ('pending', 'failed') AND j.next_run_at <= now()
+                 ORDER BY j.priority, j.window_start DESC NULLS LAST, j.id LIMIT 1)
+                UNION ALL
+                (SELECT d.id, d.priority, d.window_start FROM {schema}.jobs d
+                 WHERE d.queue = %(queue)s AND d.lane = c.lane
+                   AND d.status = 'deferred' AND d.next_run_at <= now()
+                   AND NOT EXISTS (
+                       SELECT 1 FROM {schema}.jobs o
+                       WHERE o.queue = %(queue)s AND o.lane = c.lane
+                         AND o.status IN ('pending', 'failed', 'running'))
+                 ORDER BY d.priority, d.window_start DESC NULLS LAST, d.id LIMIT 1)
+                LIMIT 1) head) AS head
+    FROM candidates c
+),
+parked AS (
+    -- busy lanes leave the hint index until a job of theirs stops running (unpark_lane); the
+    -- lanes are found by primary key (an array, so that no plan reads the whole table)
+    UPDATE {schema}.lanes l SET due_at = NULL
+    WHERE l.queue = %(queue)s AND l.lane = ANY (ARRAY(SELECT lane FROM looked WHERE busy))
+    RETURNING l.lane
+),
+moved AS (
+    -- free lanes with nothing due now: the hint moves to their earliest open job (or away)
+    UPDATE {schema}.lanes l
+    SET due_at = (SELECT min(j.next_run_at) FROM {schema}.jobs j
+                  WHERE j.queue = %(queue)s AND j.lane = l.lane
+                    AND j.status IN ('pending', 'failed', 'deferred')
+                    AND j.next_run_at > now())
+    WHERE l.queue = %(queue)s
+      AND l.lane = ANY (ARRAY(SELECT lane FROM looked WHERE NOT busy AND head IS NULL))
+    RETURNING l.lane
 ),
 taken AS (
     SELECT j.id, j.status, j.lane FROM {schema}.jobs j
-    WHERE j.id = ANY (ARRAY(SELECT id FROM heads))
+    WHERE j.id = ANY (ARRAY(SELECT head FROM looked WHERE NOT busy AND head IS NOT NULL))
       AND j.status IN ('pending', 'failed', 'deferred')
+      AND (SELECT count(*) FROM parked) + (SELECT count(*) FROM moved) >= 0
     ORDER BY j.priority, j.window_start DESC NULLS LAST, j.id
     LIMIT 1 FOR UPDATE SKIP LOCKED
 ),
@@ -166,26 +189,38 @@ slots AS (
     SELECT t.id, t.status,
            CASE WHEN %(lane_width)s::int = 1 THEN 0
                 ELSE (SELECT min(w) FROM generate_series(0, %(lane_width)s::int - 1) w
-                      WHERE w NOT IN (SELECT r.lane_slot FROM running r WHERE r.lane = t.lane))
+                      WHERE w NOT IN (SELECT r.lane_slot FROM {schema}.jobs r
+                                      WHERE r.queue = %(queue)s AND r.lane = t.lane
+                                        AND r.status = 'running'))
            END AS lane_slot,
            CASE WHEN %(max_running)s::int IS NOT NULL THEN
                (SELECT s FROM generate_series(
-                    0, least(%(max_running)s::int, (SELECT count(*) FROM running) + 1) - 1) s
-                WHERE s NOT IN (SELECT queue_slot FROM running WHERE queue_slot IS NOT NULL)
+                    0, least(%(max_running)s::int,
+                             (SELECT count(*) FROM {schema}.jobs r
+                              WHERE r.queue = %(queue)s AND r.status = 'running') + 1) - 1) s
+                WHERE s NOT IN (SELECT r.queue_slot FROM {schema}.jobs r
+                                WHERE r.queue = %(queue)s AND r.status = 'running'
+                                  AND r.queue_slot IS NOT NULL)
                 ORDER BY random() LIMIT 1)
            END AS queue_slot
     FROM taken t
+),
+next AS (
+    UPDATE {schema}.jobs j
+    SET status = 'running', leased_by = %(worker)s, lease_token = %(token)s,
+        lease_expires_at = now() + %(lease)s, attempt_count = j.attempt_count + 1,
+        started_at = now(), heartbeat_at = now(),
+        lane_slot = slots.lane_slot, queue_slot = slots.queue_slot
+    FROM slots
+    WHERE j.id = slots.id
+    RETURNING j.id, j.queue, j.owner, j.lane, j.type, j.mode, j.window_start, j.window_end,
+              j.cursor, j.attempt_count, j.throttle_count, j.processed_count, j.lease_token,
+              j.stalls, slots.status AS previous_status
 )
-UPDATE {schema}.jobs j
-SET status = 'running', leased_by = %(worker)s, lease_token = %(token)s,
-    lease_expires_at = now() + %(lease)s, attempt_count = j.attempt_count + 1,
-    started_at = now(), heartbeat_at = now(),
-    lane_slot = slots.lane_slot, queue_slot = slots.queue_slot
-FROM slots
-WHERE j.id = slots.id
-RETURNING j.id, j.queue, j.owner, j.lane, j.type, j.mode, j.window_start, j.window_end,
-          j.cursor, j.attempt_count, j.throttle_count, j.processed_count, j.lease_token, j.stalls,
-          slots.status AS previous_status;
+-- one row always: how many lanes were looked at (a full look that took nothing may be worth
+-- another: it parked or moved every lane it read), and the job taken (NULL when none)
+SELECT (SELECT count(*) FROM looked) AS looked, next.*
+FROM (SELECT) AS one LEFT JOIN next ON true;
 
 -- name: taken_by_tokens
 -- after a take whose answer was lost: the jobs this worker took under the tokens it sent (it may
@@ -252,9 +287,10 @@ WITH done AS (
         completed_at = now(), heartbeat_at = now(),
         leased_by = NULL, lease_token = NULL, lease_expires_at = NULL
     WHERE id = %(id)s AND lease_token = %(token)s AND status = 'running'
-    RETURNING id
+    RETURNING id, queue, lane
 )
-SELECT EXISTS (SELECT FROM done) OR EXISTS (
+SELECT EXISTS (SELECT FROM done WHERE {schema}.unpark_lane(queue, lane, NULL, id) >= 0)
+    OR EXISTS (
     SELECT FROM {schema}.jobs
     WHERE id = %(id)s AND status = 'completed' AND completed_at > now() - %(lease)s
       AND NOT EXISTS (SELECT FROM done)
@@ -271,9 +307,11 @@ WITH failed AS (
         error = %(error)s, next_run_at = now() + %(delay)s, heartbeat_at = now(), stalls = 0,
         leased_by = NULL, lease_token = NULL, lease_expires_at = NULL
     WHERE id = %(id)s AND lease_token = %(token)s AND status = 'running'
-    RETURNING status, next_run_at
+    RETURNING id, queue, lane, status, next_run_at
 )
 SELECT status, next_run_at FROM failed
+WHERE {schema}.unpark_lane(queue, lane, CASE WHEN status <> 'abandoned' THEN next_run_at END,
+                           id) >= 0
 UNION ALL
 SELECT status, next_run_at FROM {schema}.jobs
 WHERE id = %(id)s AND status IN ('failed', 'deferred', 'abandoned') AND error = %(error)s
@@ -290,7 +328,7 @@ WITH throttled AS (
         error = %(error)s, next_run_at = now() + %(delay)s, heartbeat_at = now(),
         leased_by = NULL, lease_token = NULL, lease_expires_at = NULL
     WHERE id = %(id)s AND lease_token = %(token)s AND status = 'running'
-    RETURNING queue, lane, next_run_at
+    RETURNING id, queue, lane, next_run_at
 ),
 lane AS (
     UPDATE {schema}.jobs o
@@ -301,10 +339,12 @@ lane AS (
     RETURNING o.id
 ),
 paused AS (
-    INSERT INTO {schema}.lanes AS l (queue, lane, paused_until)
-    SELECT queue, lane, next_run_at FROM throttled
+    -- the lane's pause, and its hint (lanes.due_at) back from parked: due when the pause ends
+    INSERT INTO {schema}.lanes AS l (queue, lane, paused_until, due_at)
+    SELECT queue, lane, next_run_at, next_run_at FROM throttled
     ON CONFLICT (queue, lane) DO UPDATE
-    SET paused_until = greatest(l.paused_until, excluded.paused_until)
+    SET paused_until = greatest(l.paused_until, excluded.paused_until),
+        due_at = coalesce(l.due_at, excluded.due_at)
     RETURNING paused_until
 )
 SELECT t.next_run_at, (SELECT count(*) FROM lane) AS pushed FROM throttled t
@@ -321,9 +361,10 @@ WITH abandoned AS (
     SET status = 'abandoned', error = %(error)s, completed_at = now(), heartbeat_at = now(),
         leased_by = NULL, lease_token = NULL, lease_expires_at = NULL
     WHERE id = %(id)s AND lease_token = %(token)s AND status = 'running'
-    RETURNING id
+    RETURNING id, queue, lane
 )
-SELECT EXISTS (SELECT FROM abandoned) OR EXISTS (
+SELECT EXISTS (SELECT FROM abandoned WHERE {schema}.unpark_lane(queue, lane, NULL, id) >= 0)
+    OR EXISTS (
     SELECT FROM {schema}.jobs
     WHERE id = %(id)s AND status = 'abandoned' AND error = %(error)s
       AND completed_at > now() - %(lease)s AND NOT EXISTS (SELECT FROM abandoned)
@@ -333,12 +374,16 @@ SELECT EXISTS (SELECT FROM abandoned) OR EXISTS (
 -- a stopping worker returns its job with its cursor; a stop is not a failed attempt. A hand-back
 -- whose page was abandoned before it ended, with no page saved under this lease, is counted
 -- (stalls; a saved page resets it)
-UPDATE {schema}.jobs
-SET status = CASE WHEN %(previous_status)s = 'deferred' THEN 'deferred' ELSE 'pending' END,
-    attempt_count = attempt_count - 1, next_run_at = now(),
-    stalls = stalls + CASE WHEN %(stalled)s THEN 1 ELSE 0 END,
-    leased_by = NULL, lease_token = NULL, lease_expires_at = NULL
-WHERE id = %(id)s AND lease_token = %(token)s AND status = 'running';
+WITH back AS (
+    UPDATE {schema}.jobs
+    SET status = CASE WHEN %(previous_status)s = 'deferred' THEN 'deferred' ELSE 'pending' END,
+        attempt_count = attempt_count - 1, next_run_at = now(),
+        stalls = stalls + CASE WHEN %(stalled)s THEN 1 ELSE 0 END,
+        leased_by = NULL, lease_token = NULL, lease_expires_at = NULL
+    WHERE id = %(id)s AND lease_token = %(token)s AND status = 'running'
+    RETURNING id, queue, lane, next_run_at
+)
+SELECT id FROM back WHERE {schema}.unpark_lane(queue, lane, next_run_at, id) >= 0;
 
 -- name: wait_for_rate
 -- the lane's rate leaves no room for another page start yet: the job goes back in line with its
@@ -350,7 +395,7 @@ WITH back AS (
         attempt_count = attempt_count - 1, next_run_at = now() + %(delay)s,
         leased_by = NULL, lease_token = NULL, lease_expires_at = NULL
     WHERE id = %(id)s AND lease_token = %(token)s AND status = 'running'
-    RETURNING queue, lane, next_run_at
+    RETURNING id, queue, lane, next_run_at
 ),
 lane AS (
     UPDATE {schema}.jobs o
@@ -360,7 +405,8 @@ lane AS (
       AND o.status IN ('pending', 'failed', 'deferred') AND o.next_run_at < b.next_run_at
     RETURNING o.id
 )
-SELECT next_run_at, (SELECT count(*) FROM lane) AS pushed FROM back;
+SELECT next_run_at, (SELECT count(*) FROM lane) AS pushed FROM back
+WHERE {schema}.unpark_lane(queue, lane, next_run_at, id) >= 0;
 
 -- name: lane_page_start
 -- a page start under the lane's rate (lane_page_start in the schema): 0 when it may start now,
@@ -371,21 +417,35 @@ SELECT {schema}.lane_page_start(%(queue)s, %(lane)s, %(count)s, %(period)s, %(un
 -- name: release_cancelled
 -- a worker whose job stopped running under it (cancelled, maybe requeued since) lets go of the
 -- lease at once, and with it the lane
-UPDATE {schema}.jobs
-SET leased_by = NULL, lease_token = NULL, lease_expires_at = NULL
-WHERE id = %(id)s AND lease_token = %(token)s AND status <> 'running';
+WITH released AS (
+    UPDATE {schema}.jobs
+    SET leased_by = NULL, lease_token = NULL, lease_expires_at = NULL
+    WHERE id = %(id)s AND lease_token = %(token)s AND status <> 'running'
+    RETURNING id, queue, lane, status, next_run_at
+)
+SELECT id FROM released
+WHERE {schema}.unpark_lane(
+    queue, lane, CASE WHEN status IN ('pending', 'failed', 'deferred') THEN next_run_at END, id
+) >= 0;
 
 -- name: reclaim_expired
 -- jobs whose worker stopped renewing its lease go back in line (the attempt counts as failed,
 -- after_failed_attempt); the dead worker's late writes no longer match the cleared token
-UPDATE {schema}.jobs
-SET status = {schema}.after_failed_attempt(attempt_count, %(max_attempts)s),
-    completed_at = CASE WHEN attempt_count > %(max_attempts)s THEN now() END,
-    error = 'LeaseExpired: worker ' || coalesce(leased_by, '?')
-            || ' stopped renewing its lease',
-    next_run_at = now(), leased_by = NULL, lease_token = NULL, lease_expires_at = NULL
-WHERE queue = %(queue)s AND status = 'running' AND lease_expires_at < now()
-RETURNING id, owner, lane, type, mode, window_start, window_end, status, attempt_count, error;
+WITH reclaimed AS (
+    UPDATE {schema}.jobs
+    SET status = {schema}.after_failed_attempt(attempt_count, %(max_attempts)s),
+        completed_at = CASE WHEN attempt_count > %(max_attempts)s THEN now() END,
+        error = 'LeaseExpired: worker ' || coalesce(leased_by, '?')
+                || ' stopped renewing its lease',
+        next_run_at = now(), leased_by = NULL, lease_token = NULL, lease_expires_at = NULL
+    WHERE queue = %(queue)s AND status = 'running' AND lease_expires_at < now()
+    RETURNING id, queue, owner, lane, type, mode, window_start, window_end, status,
+              attempt_count, error, next_run_at
+)
+SELECT id, owner, lane, type, mode, window_start, window_end, status, attempt_count, error
+FROM reclaimed
+WHERE {schema}.unpark_lane(
+    queue, lane, CASE WHEN status <> 'abandoned' THEN next_run_at END, id) >= 0;
 
 -- name: idle_check
 -- how many jobs of these queues run now, in any process, and how long until the next open one

@@ -105,8 +105,9 @@ class Worker:
             running = None
         if running is self._loop:
             self._stop.set()
-        else:
-            self._loop.call_soon_threadsafe(self._stop.set)
+        elif not self._loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # closed meanwhile: the run has ended
+                self._loop.call_soon_threadsafe(self._stop.set)
 
     @property
     def stopping(self) -> bool:

@@ -29,6 +29,10 @@ from synclane.worker.shared import Shared
 # How many jobs at the front of the line `take_front` looks at before a slot searches lane by
 # lane (docs/performance.md: the front answers in well under a millisecond).
 FRONT_SIZE = 64
+# How many lanes one look lane by lane reads, and how many looks one slot's ask may make in a
+# row while each finds only busy lanes (it parks them: the next look reads others).
+LANES_A_LOOK = 256
+LOOKS = 40
 # How often a take is sent again after losing a lane race in a row (each loss means another
 # worker took a job at that instant: progress is made).
 RACES = 20
@@ -136,9 +140,10 @@ async def take_by_lane(
     token: UUID | None = None,
     lane_width: int = 1,
     max_running: int | None = None,
-) -> LeasedJob | None:
-    """One job, looking lane by lane: for when the front of the line waits behind busy lanes.
-    Raises UniqueViolation like take_front."""
+) -> tuple[LeasedJob | None, bool]:
+    """One job from the lanes whose hint says a job may be due: for when the front of the line
+    waits behind busy lanes. Also whether a look again may find one (this look read a full
+    batch of lanes, parking or moving each). Raises UniqueViolation like take_front."""
     cur = conn.cursor(row_factory=dict_row)
     params = {
         "queue": queue,
@@ -147,10 +152,14 @@ async def take_by_lane(
         "token": token or uuid4(),
         "lane_width": lane_width,
         "max_running": max_running,
+        "visit": LANES_A_LOOK,
     }
     await cur.execute(store.query("take_by_lane"), params)
     row = await cur.fetchone()
-    return None if row is None else LeasedJob(**row)
+    assert row is not None, "take_by_lane always answers one row"
+    looked = row.pop("looked")
+    job = None if row["id"] is None else LeasedJob(**row)
+    return job, job is None and looked >= LANES_A_LOOK
 
 
 async def taken_by_tokens(
@@ -241,8 +250,9 @@ class Taker:
                         self.max_running,
                     )
                 break
-            except errors.UniqueViolation:
-                # Another worker won a lane in the same instant: nothing was written, ask again.
+            except (errors.UniqueViolation, errors.TransactionRollback):
+                # Another worker won a lane in the same instant (or PostgreSQL broke a deadlock
+                # with it): nothing was written, ask again.
                 continue
             except psycopg.OperationalError:
                 # The answer was lost: the statement may have committed. Jobs leased under these
@@ -279,11 +289,12 @@ class Taker:
         return turns
 
     async def _by_lane(self) -> LeasedJob | None:
-        for _ in range(RACES):
+        races = looks = 0
+        while races < RACES and looks < LOOKS:
             token = uuid4()
             try:
                 async with self.pool.connection() as conn:
-                    return await take_by_lane(
+                    job, again = await take_by_lane(
                         conn,
                         self.store,
                         self.queue,
@@ -293,13 +304,17 @@ class Taker:
                         self.lane_width,
                         self.max_running,
                     )
-            except errors.UniqueViolation:
+            except (errors.UniqueViolation, errors.TransactionRollback):
+                races += 1  # another taker won the slot, or a deadlock was broken: look again
                 continue
             except psycopg.OperationalError:
                 found = await self._recover([token], [])
                 if found is not None and found.jobs:
                     return found.jobs[0]
                 raise
+            if job is not None or not again:
+                return job
+            looks += 1
         return None
 
     async def _recover(self, tokens: Sequence[UUID], finished: Sequence[Finished]) -> Batch | None:

@@ -1,0 +1,103 @@
+"""The lanes' hints (lanes.due_at): where a take looks when the front of the line waits behind
+busy lanes (issue 14). A look parks the busy lanes it reads; every way a job stops running
+brings its lane's hint back, so no open job is ever left where no look finds it."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+from workers import job_row, running_worker, wait_for
+
+from synclane import Abandon, Job, Page, SyncLane, Throttled
+from synclane.worker.taker import take_by_lane
+
+DAY = timedelta(days=1)
+
+
+def hint(db: psycopg.Connection[Any], schema: str, lane: str) -> Any:
+    row = db.execute(
+        sql.SQL("SELECT due_at FROM {} WHERE queue = 'q' AND lane = %s").format(
+            sql.Identifier(schema, "lanes")
+        ),
+        [lane],
+    ).fetchone()
+    return None if row is None else row[0]
+
+
+def look(app: SyncLane, dsn: str) -> Any:
+    """One look lane by lane, as a second worker would make it."""
+
+    async def once() -> Any:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            return await take_by_lane(conn, app.store, "q", "looker", timedelta(minutes=5))
+
+    return asyncio.run(once())
+
+
+@pytest.mark.parametrize("outcome", ["complete", "fail", "throttle", "abandon", "stop"])
+def test_a_job_that_stops_running_brings_back_the_hint_of_its_parked_lane(
+    app: SyncLane, dsn: str, db: psycopg.Connection[Any], schema: str, outcome: str
+) -> None:
+    queue = app.queue("q", retry_base_delay=60, retry_max_delay=60)
+    go = threading.Event()
+
+    @queue.snapshot("sync", every=DAY)
+    def sync(job: Job) -> Page:
+        if job.owner != "first":
+            return Page(None, 1)
+        go.wait(20)
+        if outcome == "fail":
+            raise RuntimeError("the shop answered 500")
+        if outcome == "throttle":
+            raise Throttled(retry_after=60)
+        if outcome == "abandon":
+            raise Abandon("access revoked")
+        return Page(None, 1)
+
+    first = app.enqueue("q", "first", "sync", lane="acme")
+    later = app.enqueue("q", "later", "sync", lane="acme")  # open, due in an hour
+    db.execute(
+        sql.SQL("UPDATE {} SET next_run_at = now() + interval '1 hour' WHERE id = %s").format(
+            sql.Identifier(schema, "jobs")
+        ),
+        [later],
+    )
+    with running_worker(app) as worker:
+        wait_for(lambda: job_row(db, schema, first)["status"] == "running", 10, "the page")
+        assert look(app, dsn) == (None, False)  # acme is busy: the look parks it
+        assert hint(db, schema, "acme") is None
+        if outcome == "stop":
+            worker.stop()
+            wait_for(lambda: job_row(db, schema, first)["status"] == "pending", 10, "hand-back")
+        go.set()
+        wait_for(lambda: job_row(db, schema, first)["status"] != "running", 10, "the end")
+    due = hint(db, schema, "acme")
+    assert due is not None, "the lane's open jobs must be found again"
+    stopped = job_row(db, schema, first)
+    open_due = [job_row(db, schema, later)["next_run_at"]]
+    if stopped["status"] in ("pending", "failed"):
+        open_due.append(stopped["next_run_at"])
+    assert due == min(open_due)
+
+
+def test_a_look_moves_the_hint_of_a_lane_whose_jobs_are_not_due_yet(
+    app: SyncLane, dsn: str, db: psycopg.Connection[Any], schema: str
+) -> None:
+    queue = app.queue("q")
+    queue.snapshot("sync", every=DAY)(lambda job: Page(None))
+    job_id = app.enqueue("q", "acme", "sync", lane="acme")
+    db.execute(
+        sql.SQL("UPDATE {} SET next_run_at = now() + interval '1 hour' WHERE id = %s").format(
+            sql.Identifier(schema, "jobs")
+        ),
+        [job_id],
+    )
+    assert look(app, dsn) == (None, False)
+    due = hint(db, schema, "acme")
+    assert due is not None and due == job_row(db, schema, job_id)["next_run_at"]
