@@ -75,7 +75,7 @@ def make_job(**overrides: Any) -> Job:
     unknown field is a ConfigError naming it."""
     unknown = sorted(set(overrides) - set(_FIELDS))
     if unknown:
-        raise ConfigError(
+        raise UnknownField(
             f"make_job() got unknown field(s) {', '.join(unknown)}; a Job has {', '.join(_FIELDS)}"
         )
     owner = overrides.get("owner", "acme")
@@ -113,6 +113,11 @@ def make_job(**overrides: Any) -> Job:
     return Job(**values)
 
 
+class UnknownField(ConfigError, TypeError):
+    """make_job() was given a field a Job does not have: a ConfigError, and the TypeError Python
+    raises for an unexpected keyword argument."""
+
+
 def _check_count(name: str, value: object, least: int) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or not least <= value <= MAX_COUNT:
         raise ConfigError(f"{name}={value!r:.100} must be a whole number >= {least}")
@@ -145,9 +150,21 @@ class RunReport:
     def completed(self) -> bool:
         return self.ended == "completed"
 
+    @property
+    def throttled(self) -> bool:
+        return self.ended == "throttled"
+
+    @property
+    def abandoned(self) -> bool:
+        return self.ended == "abandoned"
+
+    @property
+    def failed(self) -> bool:
+        return self.ended == "failed"
+
 
 def run_pages(
-    handler: Callable[[Job], Any], job: Job | None = None, *, max_pages: int = MAX_PAGES
+    handler: Callable[[Job], Any], job: Job | None = None, max_pages: int = MAX_PAGES
 ) -> RunReport:
     """Call `handler` page by page as a worker would, without a database: the first call gets
     `job` (default `make_job()`), each next one the same job with the cursor the last page
@@ -172,7 +189,7 @@ def run_pages(
 
 
 async def run_pages_async(
-    handler: Callable[[Job], Any], job: Job | None = None, *, max_pages: int = MAX_PAGES
+    handler: Callable[[Job], Any], job: Job | None = None, max_pages: int = MAX_PAGES
 ) -> RunReport:
     """`run_pages` on the running event loop: `await run_pages_async(handler, job)`."""
     if not isinstance(max_pages, int) or isinstance(max_pages, bool) or max_pages < 1:

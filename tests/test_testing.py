@@ -78,6 +78,7 @@ def test_make_job_refuses_an_unknown_field_by_name() -> None:
     with pytest.raises(ConfigError, match=r"unknown field\(s\) cursour, windows_start") as raised:
         make_job(cursour="x", windows_start=BASE)
     assert "window_start" in str(raised.value)  # the fields a Job has
+    assert isinstance(raised.value, TypeError)  # what Python raises for an unexpected keyword
 
 
 @pytest.mark.parametrize(
@@ -182,6 +183,7 @@ def test_a_throttle_ends_the_run_with_its_retry_after_and_the_cursor_to_go_on_fr
     assert (report.ended, report.pages, report.cursor) == ("throttled", 2, "2")
     assert report.retry_after == timedelta(seconds=90)
     assert report.error == "Throttled: the API asked to slow down"
+    assert report.throttled and not (report.completed or report.abandoned or report.failed)
     assert isinstance(report.exception, Throttled)
 
     def no_delay_given(job: Job) -> Page:
@@ -198,6 +200,7 @@ def test_abandon_ends_the_run_with_its_reason() -> None:
 
     assert (report.ended, report.reason, report.cursor) == ("abandoned", "access revoked", "p3")
     assert report.error == "Abandon: access revoked" and report.pages == 0
+    assert report.abandoned and not report.throttled
 
 
 def test_an_exception_ends_the_run_with_the_error_text_a_worker_stores() -> None:
@@ -209,11 +212,11 @@ def test_an_exception_ends_the_run_with_the_error_text_a_worker_stores() -> None
     report = run_pages(handler)
 
     assert (report.ended, report.error, report.cursor) == ("failed", "KeyError: 'order 41'", "1")
-    assert isinstance(report.exception, KeyError)
+    assert isinstance(report.exception, KeyError) and report.failed
 
 
 def test_a_handler_that_never_finishes_stops_at_max_pages() -> None:
-    report = run_pages(counting(10**6, per_page=1), max_pages=7)
+    report = run_pages(counting(10**6, per_page=1), make_job(), 7)
 
     assert (report.ended, report.pages, report.records, report.cursor) == ("max_pages", 7, 7, "7")
     assert report.error is None and not report.completed
