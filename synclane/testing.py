@@ -7,8 +7,8 @@
   worker in a thread of the test. The pytest plugin (synclane.testing_plugin) gives the fixtures
   `dsn`, `schema`, `app` and `db` on top of them.
 
-docs/testing.md shows each in a test. Importing this module imports neither pandas nor a driver
-for a database it does not need.
+docs/testing.md shows each in a test. Importing this module starts nothing and imports no
+pandas (the app's `jobs()` and the other frames do, when called).
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "RunReport",
+    "UnknownField",
     "make_app",
     "make_job",
     "run_pages",
