@@ -274,13 +274,14 @@ class EmbeddedServer:
     machine's server is shared with other tests and must never be restarted."""
 
     def __init__(self, directory: Path) -> None:
-        import pgserver
-        from pgserver._commands import POSTGRES_BIN_PATH
-
         from synclane.embedded import embedded_dsn
 
         self.data = directory / "pg"
+        # First: it imports pgserver without platformdirs' RuntimeDirWarning (synclane.embedded).
         self.dsn = embedded_dsn(self.data)
+        import pgserver
+        from pgserver._commands import POSTGRES_BIN_PATH
+
         self._server = pgserver.get_server(self.data)
         self._pg_ctl = str(POSTGRES_BIN_PATH / "pg_ctl")
         self._user = self._server.system_user  # PostgreSQL refuses to run as root
