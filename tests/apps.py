@@ -1,4 +1,5 @@
-"""Apps and process targets that tests start in fresh (spawned) processes.
+"""The apps and handlers tests declare, and the targets tests start in fresh (spawned)
+processes.
 
 A spawned process imports what it runs by module name, so everything it runs lives here, in an
 importable module, not inside a test function.
@@ -6,10 +7,44 @@ importable module, not inside a test function.
 
 from __future__ import annotations
 
-from datetime import timedelta
+from collections.abc import Callable, Iterable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from synclane import Job, Owner, Page, SyncLane
+from synclane import Job, Owner, Page, Queue, SyncLane
+
+DAY = timedelta(days=1)
+# The day windows of hand-enqueued jobs count back from.
+BASE = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def window(days_ago: int) -> dict[str, datetime]:
+    """The window of the day that ended `days_ago - 1` days before BASE, as enqueue takes it."""
+    return {"window_start": BASE - days_ago * DAY, "window_end": BASE - (days_ago - 1) * DAY}
+
+
+def done(job: Job) -> Page:
+    """A handler whose one page completes its job, no records."""
+    return Page(None)
+
+
+def products_queue(
+    app: SyncLane,
+    name: str = "shops",
+    *,
+    owners: Iterable[Owner] | None = None,
+    handler: Callable[[Job], Any] = done,
+    **settings: Any,
+) -> Queue:
+    """Queue `name` (declared with `settings`) with one type, a daily snapshot `products` run by
+    `handler`; its owner source answers `owners` when given."""
+    queue = app.queue(name, **settings)
+    if owners is not None:
+        connected = list(owners)
+        queue.owners(lambda queue_name: connected)
+    queue.snapshot("products", every=DAY)(handler)
+    return queue
+
 
 # Forty shops in seven lanes: owners that share a lane share a rate limit.
 OWNERS = [Owner(f"shop-{n:03d}", lane=f"lane-{n % 7}") for n in range(40)]
@@ -96,3 +131,64 @@ def run_together(
             if process.is_alive():
                 process.kill()
     return reports
+
+
+# -- handlers that misbehave --------------------------------------------------------------------
+
+
+class Custom(BaseException):
+    """Neither Exception nor one of Python's own: what a library's 'abort' might raise."""
+
+
+class Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no text for you")
+
+
+def _raise(error: BaseException) -> Any:
+    raise error
+
+
+# (type name, handler body, how the error the job ends with begins): each a plain function and,
+# where it matters (ASYNC_MISBEHAVIOURS), a coroutine too.
+MISBEHAVIOURS: list[tuple[str, Callable[[Job], Any], str]] = [
+    (
+        "returns_a_tuple",
+        lambda job: ("1", 2),
+        "TypeError: the returns_a_tuple handler returned tuple",
+    ),
+    ("returns_none", lambda job: None, "TypeError: the returns_none handler returned NoneType"),
+    ("cursor_is_an_int", lambda job: Page(5, 1), "TypeError: Page.next_cursor must be a str"),  # type: ignore[arg-type]
+    ("count_is_negative", lambda job: Page(None, -1), "ValueError: Page.count must be an int >= 0"),
+    ("count_is_huge", lambda job: Page(None, 2**64), "ValueError: Page.count must be an int >= 0"),
+    ("count_is_a_float", lambda job: Page(None, 1.5), "ValueError: Page.count must be an int >= 0"),  # type: ignore[arg-type]
+    ("cursor_has_nul", lambda job: Page("a\x00b"), "ValueError: Page.next_cursor contains a NUL"),
+    (
+        "cursor_surrogate",
+        lambda job: Page("\udc80"),
+        "ValueError: Page.next_cursor contains a lone",
+    ),
+    ("sys_exit", lambda job: _raise(SystemExit(3)), "SystemExit: 3"),
+    ("ctrl_c", lambda job: _raise(KeyboardInterrupt()), "KeyboardInterrupt"),
+    ("custom_base", lambda job: _raise(Custom("abort!")), "Custom: abort!"),
+    (
+        "unprintable",
+        lambda job: _raise(Unprintable()),
+        "Unprintable: <unprintable Unprintable object>",
+    ),
+    (
+        "surrogate_error",
+        lambda job: _raise(RuntimeError("bad \udc80 byte")),
+        "RuntimeError: bad \\udc80 byte",
+    ),
+]
+ASYNC_MISBEHAVIOURS = ["returns_none", "sys_exit", "ctrl_c", "custom_base", "unprintable"]
+
+
+def as_coroutine(body: Callable[[Job], Any]) -> Callable[[Job], Any]:
+    """An async handler that returns what `body` returns (or raises what it raises)."""
+
+    async def handler(job: Job) -> Any:
+        return body(job)
+
+    return handler

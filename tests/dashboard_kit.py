@@ -19,10 +19,11 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import psycopg
+from apps import done
 from psycopg import sql
-from psycopg.rows import dict_row
+from workers import arrange
 
-from synclane import Job, Owner, Page, SyncLane
+from synclane import Owner, SyncLane
 from synclane.dashboard import DashboardServer, make_server
 
 HERE = Path(__file__).parent
@@ -37,10 +38,6 @@ SCRIPT_ERROR = "RuntimeError: page 3 broken <script>alert(1)</script>"
 LONG_ERROR = "RuntimeError: order 97 not found\n" + "\n".join(
     f'  File "shop.py", line {n}, in fetch' for n in range(1, 30)
 )
-
-
-def done(job: Job) -> Page:
-    return Page(None)
 
 
 # -- arranging a shop with jobs in every state -----------------------------------------------
@@ -111,25 +108,6 @@ def slices(db: psycopg.Connection, schema: str, owner: str) -> list[int]:
         "ORDER BY window_start DESC"
     ).format(table(schema))
     return [row[0] for row in db.execute(query, [owner]).fetchall()]
-
-
-def arrange(db: psycopg.Connection, schema: str, job_id: int, **values: object) -> None:
-    assignments = sql.SQL(", ").join(
-        sql.SQL("{} = %s").format(sql.Identifier(column)) for column in values
-    )
-    db.execute(
-        sql.SQL("UPDATE {} SET {} WHERE id = %s").format(table(schema), assignments),
-        [*values.values(), job_id],
-    )
-
-
-def row(db: psycopg.Connection, schema: str, job_id: int) -> dict[str, Any]:
-    with db.cursor(row_factory=dict_row) as cur:
-        found = cur.execute(
-            sql.SQL("SELECT * FROM {} WHERE id = %s").format(table(schema)), [job_id]
-        ).fetchone()
-    assert found is not None
-    return found
 
 
 def statuses(db: psycopg.Connection, schema: str) -> dict[int, str]:

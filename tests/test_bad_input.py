@@ -16,13 +16,15 @@ from typing import Any
 
 import psycopg
 import pytest
+from apps import done, products_queue
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from psycopg import sql
-from workers import job_row, running_worker, wait_for
+from workers import job_row
 
 from synclane import ConfigError, Job, Owner, Page, SchemaError, SyncLane
 from synclane.model import MAX_DURATION, MAX_NAME_LENGTH, MAX_SLICES
+from synclane.testing import make_app, running_worker, wait_for
 
 DAY = timedelta(days=1)
 PROPERTY = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -249,7 +251,7 @@ def test_queue_and_type_names_are_accepted_or_refused(dsn: str, value: Any) -> N
     app = app_without_database(dsn)
     if name_ok(value):
         queue = app.queue(value)
-        queue.snapshot(value, every=DAY)(lambda job: Page(None))
+        queue.snapshot(value, every=DAY)(done)
         assert list(queue.types) == [value]
     else:
         refused(lambda: app.queue(value), "queue name")
@@ -281,7 +283,7 @@ def test_windowed_settings_are_accepted_or_refused_by_name(
         assert horizon and slice_ and every and overlap is not None
         ok = slice_ <= horizon and horizon / slice_ <= MAX_SLICES and overlap < every
     if ok:
-        queue.windowed("orders", **values)(lambda job: Page(None))
+        queue.windowed("orders", **values)(done)
         assert getattr(queue.types["orders"], setting) == as_duration(value)
     else:
         refused(lambda: queue.windowed("orders", **values), setting, "orders")
@@ -293,7 +295,7 @@ def test_windowed_settings_are_accepted_or_refused_by_name(
 def test_a_snapshot_period_is_accepted_or_refused_by_name(dsn: str, value: Any) -> None:
     queue = app_without_database(dsn).queue("shops")
     if duration_ok(value):
-        queue.snapshot("products", every=value)(lambda job: Page(None))
+        queue.snapshot("products", every=value)(done)
     else:
         refused(lambda: queue.snapshot("products", every=value), "every", "products")
 
@@ -313,7 +315,7 @@ def test_history_that_would_make_planning_the_heavy_job_is_refused(dsn: str) -> 
 def test_a_backfill_horizon_is_checked_like_the_declared_one(app: SyncLane) -> None:
     queue = app.queue("shops")
     queue.owners(lambda name: [Owner("acme")])
-    queue.windowed("orders", horizon=30 * DAY, slice=3600, every=900)(lambda job: Page(None))
+    queue.windowed("orders", horizon=30 * DAY, slice=3600, every=900)(done)
     refused(lambda: app.plan("shops", horizon=MAX_DURATION * 2), "horizon")
     refused(lambda: app.plan("shops", horizon=365 * 1000 * DAY), "horizon")
     refused(lambda: app.plan("shops", horizon=-DAY), "horizon")
@@ -327,9 +329,7 @@ def test_a_backfill_horizon_is_checked_like_the_declared_one(app: SyncLane) -> N
 
 @pytest.fixture
 def shops(app: SyncLane) -> SyncLane:
-    queue = app.queue("shops")
-    queue.owners(lambda name: [Owner("acme")])
-    queue.snapshot("products", every=DAY)(lambda job: Page(None))
+    products_queue(app, owners=[Owner("acme")])
     return app
 
 
@@ -483,9 +483,7 @@ def test_hostile_strings_round_trip_through_planning_the_worker_and_the_frames(
 
 def test_hostile_queue_names_work(app: SyncLane) -> None:
     for name in ["q'; DROP TABLE jobs; --", "🛒 queue", "q\nwith a line"]:
-        queue = app.queue(name)
-        queue.owners(lambda queue_name: [Owner(queue_name)])
-        queue.snapshot("products", every=DAY)(lambda job: Page(None))
+        products_queue(app, name, owners=[Owner(name)])
         assert app.plan(name) == {name: 1}
         assert list(app.jobs(name)["owner"]) == [name]
         assert app.cancel(name, name, "done") == 1
@@ -525,11 +523,9 @@ def test_a_hostile_schema_name_is_an_identifier(
     dsn: str, db: psycopg.Connection[Any], name: str
 ) -> None:
     name = f"{name} {uuid.uuid4().hex[:8]}"
-    lane = SyncLane(dsn, schema=name, poll_interval=0.05)
+    lane = make_app(dsn, name)
     try:
-        queue = lane.queue("shops")
-        queue.owners(lambda queue_name: [Owner("acme")])
-        queue.snapshot("products", every=DAY)(lambda job: Page(None))
+        products_queue(lane, owners=[Owner("acme")])
         assert lane.plan() == {"shops": 1}
         assert lane.run_worker(until_idle=True, stop_after=10) == {"completed": 1}
         row = db.execute("SELECT count(*) FROM pg_namespace WHERE nspname = %s", [name]).fetchone()
@@ -569,7 +565,7 @@ def test_a_worker_refuses_a_schema_made_by_a_newer_synclane(
 ) -> None:
     """With create_schema=False nothing checked the version before the first operation; a worker
     took jobs from a newer schema. It now refuses before it takes any."""
-    app.queue("shops").snapshot("products", every=DAY)(lambda job: Page(None))
+    products_queue(app)
     job_id = app.enqueue("shops", "acme", "products")
     db.execute(
         sql.SQL("INSERT INTO {} (version) VALUES (99)").format(
@@ -577,7 +573,7 @@ def test_a_worker_refuses_a_schema_made_by_a_newer_synclane(
         )
     )
     older = SyncLane(dsn, schema=schema, create_schema=False)
-    older.queue("shops").snapshot("products", every=DAY)(lambda job: Page(None))
+    products_queue(older)
     try:
         with pytest.raises(SchemaError, match="newer synclane"):
             older.run_worker(stop_after=2)
@@ -591,8 +587,7 @@ def test_a_worker_refuses_a_schema_made_by_a_newer_synclane(
 def test_sdk_filters_refuse_what_text_cannot_hold(
     app: SyncLane, hostile: object, call: str
 ) -> None:
-    queue = app.queue("shops")
-    queue.snapshot("products", every=60)(lambda job: None)
+    products_queue(app)
     method = getattr(app, call)
     with pytest.raises(ConfigError, match="owner"):
         method("shops", owner=hostile)

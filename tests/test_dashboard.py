@@ -14,19 +14,19 @@ from typing import Any
 
 import psycopg
 import pytest
+from apps import products_queue
 from dashboard_kit import (
     LONG_ERROR,
     SCRIPT_ERROR,
-    arrange,
     arrange_shop,
     call,
     post_requeue,
-    row,
     start,
     statuses,
     stop,
     token_of,
 )
+from workers import arrange, job_row
 
 from synclane import ConfigError, SyncLane
 from synclane.dashboard import DashboardServer, is_loopback, make_server, serve
@@ -184,14 +184,14 @@ def test_a_requeue_with_the_token_gives_the_job_a_fresh_attempt(
     before = statuses(db, app.schema)
     answer = post_requeue(server, {"queue": "shops", "job": shop["failed"]})
     assert answer.status == 200 and answer.json() == {"requeued": 1}
-    job = row(db, app.schema, shop["failed"])
+    job = job_row(db, app.schema, shop["failed"])
     assert (job["status"], job["attempt_count"], job["error"]) == ("pending", 0, None)
     after = statuses(db, app.schema)
     assert {k for k in after if after[k] != before[k]} == {shop["failed"]}
     # A job that is not stopped is left alone.
     answer = post_requeue(server, {"queue": "shops", "job": shop["running"]})
     assert answer.json() == {"requeued": 0}
-    assert row(db, app.schema, shop["running"])["status"] == "running"
+    assert job_row(db, app.schema, shop["running"])["status"] == "running"
 
 
 def test_a_requeue_by_cause_takes_the_group_and_keeps_cursors(
@@ -199,10 +199,10 @@ def test_a_requeue_by_cause_takes_the_group_and_keeps_cursors(
 ) -> None:
     body = {"queue": "shops", "type": "orders", "cause": "RuntimeError: order <n> not found"}
     assert post_requeue(server, body).json() == {"requeued": 2}
-    abandoned = row(db, app.schema, shop["abandoned"])
+    abandoned = job_row(db, app.schema, shop["abandoned"])
     assert (abandoned["status"], abandoned["cursor"]) == ("pending", "50")
-    assert row(db, app.schema, shop["deferred"])["status"] == "pending"
-    assert row(db, app.schema, shop["failed"])["status"] == "failed"
+    assert job_row(db, app.schema, shop["deferred"])["status"] == "pending"
+    assert job_row(db, app.schema, shop["failed"])["status"] == "failed"
 
 
 def test_a_requeue_by_owner_and_of_all_stopped_jobs(
@@ -211,7 +211,7 @@ def test_a_requeue_by_owner_and_of_all_stopped_jobs(
     token = token_of(server)
     answer = post_requeue(server, {"queue": "shops", "owner": "globex"}, token=token)
     assert answer.json() == {"requeued": 2}
-    assert row(db, app.schema, shop["failed"])["status"] == "failed"
+    assert job_row(db, app.schema, shop["failed"])["status"] == "failed"
     assert post_requeue(server, {"queue": "shops", "all": True}, token=token).json() == {
         "requeued": 1
     }
@@ -502,7 +502,7 @@ def test_the_page_hides_short_passwords_sslpasswords_and_any_written_password(
     params = {k: v for k, v in conninfo_to_dict(dsn).items() if k != "password"}
     secret_dsn = make_conninfo("", **params, password="abc", sslpassword="ssl-secret-99")
     app = SyncLane(secret_dsn, schema=schema)
-    app.queue("shops").snapshot("products", every=3600)(lambda job: None)  # type: ignore[arg-type,return-value]
+    products_queue(app)
     job_id = app.enqueue("shops", "acme", "products")
     error = (
         "RuntimeError: login abc refused (abcdef kept); key ssl-secret-99; "

@@ -17,7 +17,8 @@ from typing import Any
 
 import psycopg
 import pytest
-from dashboard_kit import LONG_ERROR, SCRIPT_ERROR, arrange, arrange_shop, row, start, stop
+from dashboard_kit import LONG_ERROR, SCRIPT_ERROR, arrange_shop, start, stop
+from workers import arrange, job_row
 
 from synclane import SyncLane
 from synclane.dashboard import DashboardServer
@@ -170,9 +171,9 @@ def test_pressing_requeue_changes_the_row(
     expect(job.locator("td.status")).to_have_text("pending")
     expect(job.locator("button.requeue")).to_have_count(0)
     expect(page.locator("#notice")).to_have_text("requeued 1 job(s)")
-    stored = row(db, app.schema, shop["failed"])
+    stored = job_row(db, app.schema, shop["failed"])
     assert (stored["status"], stored["attempt_count"], stored["error"]) == ("pending", 0, None)
-    assert row(db, app.schema, shop["abandoned"])["status"] == "abandoned"
+    assert job_row(db, app.schema, shop["abandoned"])["status"] == "abandoned"
 
 
 def test_pressing_requeue_on_a_cause_requeues_its_jobs(
@@ -188,9 +189,9 @@ def test_pressing_requeue_on_a_cause_requeues_its_jobs(
         expect(page.locator(f'#jobs tr[data-job-id="{shop[name]}"] td.status')).to_have_text(
             "pending"
         )
-        stored = row(db, app.schema, shop[name])
+        stored = job_row(db, app.schema, shop[name])
         assert stored["status"] == "pending"
-    assert row(db, app.schema, shop["abandoned"])["cursor"] == "50"
+    assert job_row(db, app.schema, shop["abandoned"])["cursor"] == "50"
 
 
 def test_requeue_all_stopped_jobs(
@@ -203,7 +204,7 @@ def test_requeue_all_stopped_jobs(
     expect(page.locator("#failures .empty")).to_be_visible()
     expect(page.locator("#requeue-all")).to_be_disabled()
     for name in ("failed", "abandoned", "deferred"):
-        assert row(db, app.schema, shop[name])["status"] == "pending"
+        assert job_row(db, app.schema, shop[name])["status"] == "pending"
 
 
 def test_an_error_wraps_between_words(page: Any, shop: dict[str, int]) -> None:

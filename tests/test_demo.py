@@ -20,11 +20,12 @@ import psycopg
 import pytest
 from psycopg import sql
 from psycopg.rows import dict_row
-from workers import job_row, running_worker, wait_for
+from workers import job_row
 
 from synclane.demo import FIX_AFTER, OWNERS, Demo, build_demo
 from synclane.demo.shop import BROKEN_CURSOR, SCRIPTED, catalogue, orders_between
 from synclane.demo.story import Story as Teller
+from synclane.testing import running_worker, wait_for
 
 SPEED = 0.05  # twenty times faster than `synclane demo`
 ACCOUNTS = [owner.id for owner in OWNERS]

@@ -6,13 +6,14 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
-from workers import job_row, running_worker, wait_for
+from apps import window
+from workers import job_row
 
 from synclane import Abandon, Job, Page, SyncLane, Throttled
 from synclane.events import Event, EventLog
+from synclane.testing import running_worker, wait_for
 
 DAY = timedelta(days=1)
-BASE = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 def test_listeners_hear_pages_completions_failures_throttles_and_abandons(
@@ -32,9 +33,10 @@ def test_listeners_hear_pages_completions_failures_throttles_and_abandons(
             raise Abandon("access revoked")
         raise ValueError("order 41 not found")
 
-    window = {"window_start": BASE - DAY, "window_end": BASE}
-    ids = {owner: app.enqueue("q", owner, "orders", **window) for owner in ("fine", "slow", "gone")}
-    ids["bad"] = app.enqueue("q", "bad", "orders", **window)
+    ids = {
+        owner: app.enqueue("q", owner, "orders", **window(1)) for owner in ("fine", "slow", "gone")
+    }
+    ids["bad"] = app.enqueue("q", "bad", "orders", **window(1))
     heard: list[Event] = []
     log = EventLog(kinds=("completed", "deferred"))
     with running_worker(app, on_event=[heard.append, log]):

@@ -29,12 +29,14 @@ from typing import Any
 import psutil
 import psycopg
 import pytest
+from apps import ASYNC_MISBEHAVIOURS, MISBEHAVIOURS, as_coroutine, done
 from psycopg import sql
-from worker_proc import build, create_runs
-from workers import HERE, count, job_row, running_worker, wait_for
+from worker_proc import OVERLAPS, build, create_runs
+from workers import HERE, count, database_now, job_row
 
 from synclane import Job, Owner, Page, SyncLane
 from synclane.app import OwnerSourceError
+from synclane.testing import make_app, running_worker, wait_for
 
 DAY = timedelta(days=1)
 
@@ -54,12 +56,6 @@ CREATE TRIGGER record_saves AFTER UPDATE ON {jobs} FOR EACH ROW
     WHEN (NEW.cursor IS DISTINCT FROM OLD.cursor
           OR (NEW.status = 'completed' AND OLD.status <> 'completed'))
     EXECUTE FUNCTION {record}();
-"""
-
-# Two runs of one lane that overlap in time (a run of a killed process ends at its kill).
-OVERLAPS = """
-SELECT count(*) FROM {runs} a JOIN {runs} b
-  ON a.lane = b.lane AND a.id < b.id AND a.started < b.ended AND b.started < a.ended
 """
 
 # A page handed to a handler after the cursor it leads to was saved, or after its job completed.
@@ -127,12 +123,6 @@ def fleet(settings: dict[str, Any], count: int, logs: Path) -> Iterator[Fleet]:
         workers.stop_all()
 
 
-def _database_now(db: psycopg.Connection[Any]) -> Any:
-    row = db.execute("SELECT clock_timestamp()").fetchone()
-    assert row is not None
-    return row[0]
-
-
 def _kill(db: psycopg.Connection[Any], schema: str, process: subprocess.Popen[str]) -> None:
     """SIGKILL, and close the dead process's open runs at the moment of the kill: its handler
     stopped then (the overlap check needs an end)."""
@@ -142,7 +132,7 @@ def _kill(db: psycopg.Connection[Any], schema: str, process: subprocess.Popen[st
         sql.SQL("UPDATE {} SET ended = %s WHERE pid = %s AND ended IS NULL").format(
             sql.Identifier(schema, "runs")
         ),
-        (_database_now(db), process.pid),
+        (database_now(db), process.pid),
     )
 
 
@@ -284,13 +274,14 @@ class EmbeddedServer:
     machine's server is shared with other tests and must never be restarted."""
 
     def __init__(self, directory: Path) -> None:
-        import pgserver
-        from pgserver._commands import POSTGRES_BIN_PATH
-
         from synclane.embedded import embedded_dsn
 
         self.data = directory / "pg"
+        # First: it imports pgserver without platformdirs' RuntimeDirWarning (synclane.embedded).
         self.dsn = embedded_dsn(self.data)
+        import pgserver
+        from pgserver._commands import POSTGRES_BIN_PATH
+
         self._server = pgserver.get_server(self.data)
         self._pg_ctl = str(POSTGRES_BIN_PATH / "pg_ctl")
         self._user = self._server.system_user  # PostgreSQL refuses to run as root
@@ -383,14 +374,10 @@ def _restart_mid_run(server: EmbeddedServer, logs: Path) -> None:
 # -- owner sources that fail --------------------------------------------------------------------
 
 
-def done(job: Job) -> Page:
-    return Page(None, 1)
-
-
 @pytest.fixture
 def quick_owners(dsn: str, schema: str) -> Iterator[SyncLane]:
     """An app whose owner sources must answer within half a second."""
-    app = SyncLane(dsn, schema=schema, poll_interval=0.05, plan_interval=0.3, owners_timeout=0.5)
+    app = make_app(dsn, schema, plan_interval=0.3, owners_timeout=0.5)
     yield app
     app.close()
 
@@ -491,62 +478,6 @@ def test_workers_keep_working_while_owner_sources_fail(
 # -- handlers that misbehave --------------------------------------------------------------------
 
 
-class Custom(BaseException):
-    """Neither Exception nor one of Python's own: what a library's 'abort' might raise."""
-
-
-class Unprintable(Exception):
-    def __str__(self) -> str:
-        raise RuntimeError("no text for you")
-
-
-def _raise(error: BaseException) -> Any:
-    raise error
-
-
-# (type name, handler body, the error the job must end with): each a plain function and, where
-# it matters, a coroutine.
-MISBEHAVIOURS: list[tuple[str, Any, str]] = [
-    (
-        "returns_a_tuple",
-        lambda job: ("1", 2),
-        "TypeError: the returns_a_tuple handler returned tuple",
-    ),
-    ("returns_none", lambda job: None, "TypeError: the returns_none handler returned NoneType"),
-    ("cursor_is_an_int", lambda job: Page(5, 1), "TypeError: Page.next_cursor must be a str"),  # type: ignore[arg-type]
-    ("count_is_negative", lambda job: Page(None, -1), "ValueError: Page.count must be an int >= 0"),
-    ("count_is_huge", lambda job: Page(None, 2**64), "ValueError: Page.count must be an int >= 0"),
-    ("count_is_a_float", lambda job: Page(None, 1.5), "ValueError: Page.count must be an int >= 0"),  # type: ignore[arg-type]
-    ("cursor_has_nul", lambda job: Page("a\x00b"), "ValueError: Page.next_cursor contains a NUL"),
-    (
-        "cursor_surrogate",
-        lambda job: Page("\udc80"),
-        "ValueError: Page.next_cursor contains a lone",
-    ),
-    ("sys_exit", lambda job: _raise(SystemExit(3)), "SystemExit: 3"),
-    ("ctrl_c", lambda job: _raise(KeyboardInterrupt()), "KeyboardInterrupt"),
-    ("custom_base", lambda job: _raise(Custom("abort!")), "Custom: abort!"),
-    (
-        "unprintable",
-        lambda job: _raise(Unprintable()),
-        "Unprintable: <unprintable Unprintable object>",
-    ),
-    (
-        "surrogate_error",
-        lambda job: _raise(RuntimeError("bad \udc80 byte")),
-        "RuntimeError: bad \\udc80 byte",
-    ),
-]
-ASYNC_MISBEHAVIOURS = ["returns_none", "sys_exit", "ctrl_c", "custom_base", "unprintable"]
-
-
-def _as_coroutine(body: Any) -> Any:
-    async def handler(job: Job) -> Any:
-        return body(job)
-
-    return handler
-
-
 def test_misbehaving_handlers_fail_their_job_clearly_and_the_slot_carries_on(
     app: SyncLane, db: psycopg.Connection[Any], schema: str
 ) -> None:
@@ -558,7 +489,7 @@ def test_misbehaving_handlers_fail_their_job_clearly_and_the_slot_carries_on(
         queue.snapshot(name, every=DAY)(body)
         expected[app.enqueue("q", "acme", name, lane=name)] = error
         if name in ASYNC_MISBEHAVIOURS:
-            queue.snapshot(f"{name}_async", every=DAY)(_as_coroutine(body))
+            queue.snapshot(f"{name}_async", every=DAY)(as_coroutine(body))
             expected[app.enqueue("q", "acme", f"{name}_async", lane=f"{name}_async")] = (
                 error.replace(f"the {name} handler", f"the {name}_async handler")
             )

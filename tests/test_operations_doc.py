@@ -9,10 +9,10 @@ from typing import Any
 
 import psycopg
 import pytest
+from apps import done
 from psycopg import sql
 from psycopg.rows import dict_row
-from test_security import operations_sql
-from workers import job_row
+from workers import database_now, job_row, operations_sql, operations_statements
 
 from synclane import Job, Owner, Page, SyncLane, Throttled
 
@@ -56,8 +56,8 @@ def ago(days: int) -> sql.Composable:
 def shop(app: SyncLane) -> SyncLane:
     queue = app.queue("shops")
     queue.owners(lambda name: [Owner("acme")])
-    queue.windowed("orders", horizon=60 * DAY, slice=30 * DAY, every=DAY)(lambda job: Page(None))
-    queue.snapshot("products", every=DAY)(lambda job: Page(None))
+    queue.windowed("orders", horizon=60 * DAY, slice=30 * DAY, every=DAY)(done)
+    queue.snapshot("products", every=DAY)(done)
     return app
 
 
@@ -294,7 +294,7 @@ def test_a_fix_changes_the_job_it_names_and_nothing_once_it_moved_on(
         assert row[column] == value
     assert job_row(db, schema, other) == untouched
     if fix == "fix_expire":
-        assert row["lease_expires_at"] <= db.execute("SELECT now()").fetchone()[0]  # type: ignore[index]
+        assert row["lease_expires_at"] <= database_now(db)
         update(db, schema, job_id, status="failed", leased_by=None)  # reclaimed meanwhile
     # The job moved on (a worker took it): the same statement changes nothing.
     update(db, schema, job_id, status="running", cursor="page-9", leased_by="host-8:1")
@@ -323,9 +323,7 @@ def test_unthrottling_a_lane_makes_its_jobs_due_now(
 
 
 def test_every_statement_of_the_page_is_one_of_those_tested_here_or_in_test_security() -> None:
-    from test_security import DOCS, SQL_BLOCK
-
-    names = [name for name, _ in SQL_BLOCK.findall((DOCS / "operations.md").read_text())]
+    names = operations_statements()
     tested = {
         "grants": "test_security",
         "retention": "retention",

@@ -11,20 +11,17 @@ from pathlib import Path
 import pandas as pd
 import psycopg
 import pytest
+from apps import done, products_queue
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 from psycopg import sql
 
-from synclane import ConfigError, Job, Owner, Page, SyncLane, plots
+from synclane import ConfigError, Owner, SyncLane, plots
 
 DAY = timedelta(days=1)
 OWNERS = [Owner("acme-us", lane="acme"), Owner("acme-eu", lane="acme"), Owner("globex")]
 PNG = b"\x89PNG\r\n\x1a\n"
-
-
-def done(job: Job) -> Page:
-    return Page(None)
 
 
 @pytest.fixture
@@ -119,7 +116,7 @@ def test_a_filtered_frame_draws_only_its_owners(shops: SyncLane) -> None:
 
 
 def test_empty_frames_draw_a_message_instead_of_failing(app: SyncLane, tmp_path: Path) -> None:
-    app.queue("shops").snapshot("products", every=DAY)(done)
+    products_queue(app)
     for figure in (
         plots.coverage_timeline(app.coverage("shops")),
         plots.progress_chart(app.progress("shops")),

@@ -15,18 +15,15 @@ from typing import Any
 
 import psycopg
 import pytest
+from apps import BASE, done, products_queue, window
 from netfault import answer_dropper
-from workers import job_row, running_worker, wait_for
+from workers import job_row
 
 from synclane import ConfigError, Job, Owner, Page, SyncLane, Throttled
+from synclane.testing import make_app, running_worker, wait_for
 
 DAY = timedelta(days=1)
-BASE = datetime(2026, 1, 1, tzinfo=UTC)
 WEST = timezone(timedelta(hours=-5))
-
-
-def window(days_ago: int) -> dict[str, datetime]:
-    return {"window_start": BASE - days_ago * DAY, "window_end": BASE - (days_ago - 1) * DAY}
 
 
 # -- handlers that misbehave ---------------------------------------------------------------
@@ -79,7 +76,6 @@ def test_a_coroutine_behind_a_plain_callable_runs_under_the_heartbeat(
 ) -> None:
     """With a 1 s lease and a 2.5 s page, the page runs once: the lease is renewed while the
     coroutine the callable returned is awaited."""
-    queue = app.queue("q", lease_duration=1, concurrency=2, max_attempts=1)
     runs: list[tuple[float, float]] = []
 
     async def fetch(job: Job) -> Page:
@@ -89,7 +85,7 @@ def test_a_coroutine_behind_a_plain_callable_runs_under_the_heartbeat(
         return Page(None, 1)
 
     handler = logged(fetch) if shape == "plain decorator" else Client(runs)
-    queue.snapshot("products", every=DAY)(handler)
+    products_queue(app, "q", handler=handler, lease_duration=1, concurrency=2, max_attempts=1)
     job_id = app.enqueue("q", "acme", "products")
     with running_worker(app):
         wait_for(lambda: job_row(db, schema, job_id)["status"] == "completed", 20, "the job")
@@ -101,13 +97,11 @@ def test_a_coroutine_behind_a_plain_callable_runs_under_the_heartbeat(
 def test_a_stop_does_not_wait_for_a_coroutine_behind_a_plain_callable(
     app: SyncLane, db: psycopg.Connection[Any], schema: str
 ) -> None:
-    queue = app.queue("q")
-
     async def slow(job: Job) -> Page:
         await asyncio.sleep(30)
         return Page(None)
 
-    queue.snapshot("products", every=DAY)(logged(slow))
+    products_queue(app, "q", handler=logged(slow))
     job_id = app.enqueue("q", "acme", "products")
     with running_worker(app):
         wait_for(lambda: job_row(db, schema, job_id)["status"] == "running", 10, "the page")
@@ -204,7 +198,7 @@ def test_a_lost_answer_to_a_completion_does_not_strand_the_next_job(
     """One statement completes job 1 and takes job 2; its answer is lost. The worker finds job 2
     by the lease token it sent and runs it at once, its attempt not used up."""
     with answer_dropper(dsn) as proxy:
-        app = SyncLane(proxy.dsn, schema=schema, poll_interval=0.05, plan_interval=3600)
+        app = make_app(proxy.dsn, schema)
         queue = app.queue("q", lease_duration=120)
 
         @queue.windowed("orders", horizon=30 * DAY, slice=DAY, every=timedelta(hours=1))
@@ -228,7 +222,7 @@ def test_a_lost_answer_to_a_page_save_counts_the_page_once(
     dsn: str, schema: str, db: psycopg.Connection[Any]
 ) -> None:
     with answer_dropper(dsn) as proxy:
-        app = SyncLane(proxy.dsn, schema=schema, poll_interval=0.05, plan_interval=3600)
+        app = make_app(proxy.dsn, schema)
         queue = app.queue("q", lease_duration=120)
 
         @queue.snapshot("products", every=DAY)
@@ -253,7 +247,7 @@ def test_a_lost_answer_to_a_recorded_failure_reports_the_failure(
     dsn: str, schema: str, db: psycopg.Connection[Any]
 ) -> None:
     with answer_dropper(dsn) as proxy:
-        app = SyncLane(proxy.dsn, schema=schema, poll_interval=0.05, plan_interval=3600)
+        app = make_app(proxy.dsn, schema)
         queue = app.queue("q", lease_duration=120, retry_base_delay=3600, retry_max_delay=3600)
 
         @queue.snapshot("products", every=DAY)
@@ -305,8 +299,7 @@ def test_requeueing_a_cancelled_job_keeps_its_lane_until_its_page_stops(
 def test_an_instant_outside_the_years_python_reads_back_is_refused_by_name(
     app: SyncLane, db: psycopg.Connection[Any], schema: str
 ) -> None:
-    queue = app.queue("q")
-    queue.snapshot("products", every=DAY)(lambda job: Page(None))
+    products_queue(app, "q")
     end_of_time = datetime.max.replace(tzinfo=WEST)  # the year 10000 in UTC
     with pytest.raises(ConfigError, match="window_end"):
         app.enqueue("q", "acme", "products", window_end=end_of_time)
@@ -342,9 +335,7 @@ def test_a_name_is_limited_in_bytes_and_one_bad_owner_does_not_stop_planning(
     app: SyncLane, db: psycopg.Connection[Any], schema: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     wide = "𝔸" * 512  # 512 characters, 2,048 bytes: the dedup index entry would not fit
-    queue = app.queue("q")
-    queue.owners(lambda name: [Owner(wide), Owner(""), Owner("acme"), "globex"])
-    queue.snapshot("products", every=DAY)(lambda job: Page(None))
+    products_queue(app, "q", owners=[Owner(wide), Owner(""), Owner("acme"), "globex"])  # type: ignore[list-item]
     with caplog.at_level(logging.ERROR, logger="synclane"):
         assert app.plan() == {"q": 2}
     assert "2 owner(s) that cannot be stored" in caplog.text
@@ -386,8 +377,7 @@ def test_numbers_out_of_range_are_config_errors_naming_the_argument(
 def test_a_listener_raising_system_exit_costs_no_job_and_no_worker(
     app: SyncLane, db: psycopg.Connection[Any], schema: str
 ) -> None:
-    queue = app.queue("q")
-    queue.snapshot("products", every=DAY)(lambda job: Page(None, 1))
+    products_queue(app, "q")
 
     def leaving(event: object) -> None:
         raise SystemExit(3)
@@ -407,6 +397,6 @@ def test_an_owner_source_may_be_an_async_generator(app: SyncLane) -> None:
             await asyncio.sleep(0)
             yield Owner(owner)
 
-    queue.snapshot("products", every=DAY)(lambda job: Page(None))
+    queue.snapshot("products", every=DAY)(done)
     assert app.plan() == {"q": 2}
     assert sorted(app.jobs()["owner"]) == ["acme", "globex"]

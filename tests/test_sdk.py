@@ -12,10 +12,12 @@ from typing import Any
 import pandas as pd
 import psycopg
 import pytest
+from apps import done
 from psycopg import sql
 from psycopg.rows import dict_row
+from workers import arrange, database_now
 
-from synclane import ConfigError, Job, Owner, Page, SyncLane
+from synclane import ConfigError, Owner, SyncLane
 from synclane.frames import STATES
 from synclane.model import MODES, STATUSES
 
@@ -26,10 +28,6 @@ OWNERS = [
     Owner("globex"),
     Owner("initech"),
 ]
-
-
-def done(job: Job) -> Page:
-    return Page(None)
 
 
 def declare(app: SyncLane, owners: list[Owner]) -> SyncLane:
@@ -73,24 +71,6 @@ def slices(db: psycopg.Connection, schema: str, owner: str) -> list[dict[str, An
 def refresh(db: psycopg.Connection, schema: str, owner: str) -> dict[str, Any]:
     [row] = rows(db, schema, "owner = %s AND type = 'orders' AND mode = 'recurring'", owner)
     return row
-
-
-def arrange(db: psycopg.Connection, schema: str, ids: int | Iterable[int], **values: Any) -> None:
-    """Set columns of jobs directly, as a user fixing the table with UPDATE would."""
-    chosen = [ids] if isinstance(ids, int) else list(ids)
-    assignments = sql.SQL(", ").join(
-        sql.SQL("{} = %s").format(sql.Identifier(column)) for column in values
-    )
-    db.execute(
-        sql.SQL("UPDATE {} SET {} WHERE id = ANY(%s)").format(table(schema), assignments),
-        [*values.values(), chosen],
-    )
-
-
-def database_now(db: psycopg.Connection) -> datetime:
-    row = db.execute("SELECT now()").fetchone()
-    assert row is not None
-    return row[0]
 
 
 def ids(found: Iterable[dict[str, Any]]) -> list[int]:

@@ -9,7 +9,6 @@ tests/test_dashboard.py; here only what a password in the DSN adds to it.
 from __future__ import annotations
 
 import logging
-import re
 import sys
 import traceback
 import uuid
@@ -21,10 +20,11 @@ from urllib.parse import quote
 
 import psycopg
 import pytest
+from apps import products_queue
 from dashboard_kit import call, start, stop
 from psycopg import errors, sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
-from workers import job_row
+from workers import job_row, operations_sql
 
 from synclane import (
     ConfigError,
@@ -37,9 +37,9 @@ from synclane import (
     Throttled,
     cli,
 )
+from synclane.testing import make_app
 
 HERE = Path(__file__).parent
-DOCS = HERE.parent / "docs"
 DAY = timedelta(days=1)
 SECRET = f"s3cret-{uuid.uuid4().hex[:8]}"  # trust authentication accepts any password
 
@@ -73,7 +73,7 @@ def secret_dsn(request: pytest.FixtureRequest, dsn: str) -> str:
 
 @pytest.fixture
 def secret_app(secret_dsn: str, schema: str) -> Iterator[SyncLane]:
-    app = SyncLane(secret_dsn, schema=schema, poll_interval=0.05, plan_interval=3600)
+    app = make_app(secret_dsn, schema)
     yield app
     app.close()
 
@@ -241,7 +241,7 @@ def test_the_dashboard_hides_a_password_quoted_alone(
     secret_dsn = with_password(dsn, form)
     password = conninfo_to_dict(secret_dsn)["password"]
     app = SyncLane(secret_dsn, schema=schema)
-    app.queue("shops").snapshot("products", every=DAY)(lambda job: Page(None))
+    products_queue(app)
     job_id = app.enqueue("shops", "acme", "products")
     db.execute(
         sql.SQL("UPDATE {} SET status = 'failed', error = %s WHERE id = %s").format(
@@ -263,19 +263,6 @@ def test_the_dashboard_hides_a_password_quoted_alone(
 
 
 # -- roles and grants (docs/operations.md) ------------------------------------------------------
-
-SQL_BLOCK = re.compile(r"<!-- sql:(\w+) -->\n```sql\n(.*?)```", re.S)
-
-
-def operations_sql(name: str, schema: str, **words: str) -> str:
-    """A statement of docs/operations.md for `schema` instead of `synclane`, other words
-    replaced as given."""
-    blocks = dict(SQL_BLOCK.findall((DOCS / "operations.md").read_text(encoding="utf-8")))
-    text = blocks[name]
-    for old, new in words.items():
-        text = text.replace(old, new)
-    quoted = sql.Identifier(schema).as_string(None)
-    return re.sub(r"\bsynclane(?=\.|;|\s+TO\b)", quoted, text)
 
 
 @pytest.fixture
@@ -313,7 +300,7 @@ def _shop(app: SyncLane) -> None:
 def test_the_worker_role_runs_everything_a_worker_does_and_nothing_more(
     dsn: str, schema: str, db: psycopg.Connection[Any], roles: dict[str, str]
 ) -> None:
-    worker = SyncLane(_as(dsn, roles["worker"]), schema=schema, poll_interval=0.05)
+    worker = make_app(_as(dsn, roles["worker"]), schema)
     try:
         _shop(worker)
         added = worker.plan()["shops"]

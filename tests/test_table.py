@@ -4,14 +4,14 @@ indexes carry the guarantees."""
 from __future__ import annotations
 
 import uuid
-from datetime import timedelta
 from pathlib import Path
 
 import apps
 import psycopg
 import pytest
+from apps import products_queue
 from psycopg import errors, sql
-from test_security import operations_sql
+from workers import operations_sql
 
 from synclane import Job, Owner, Page, SchemaError, SyncLane
 from synclane.store import SCHEMA_VERSION, schema_ddl
@@ -123,13 +123,7 @@ def test_create_schema_false_on_a_missing_schema_fails_with_a_clear_error(dsn, d
         with pytest.raises(SchemaError, match=r"(?s)" + schema + r".*migrate"):
             lane = SyncLane(dsn, schema=schema, create_schema=False)
             created.append(lane)
-            shops = lane.queue("shops")
-            shops.owners(lambda queue: [Owner("acme")])
-
-            @shops.snapshot("products", every=timedelta(days=1))
-            def products(job: Job) -> Page:
-                return Page(None)
-
+            products_queue(lane, owners=[Owner("acme")])
             lane.enqueue("shops", "acme", "products")
     finally:
         for lane in created:
@@ -141,7 +135,7 @@ def test_create_schema_false_then_migrate_creates_the_schema(dsn, db, schema):
     lane = SyncLane(dsn, schema=schema, create_schema=False)
     try:
         assert lane.migrate() == SCHEMA_VERSION
-        lane.queue("shops").snapshot("products", every=60)(lambda job: Page(None))
+        products_queue(lane)
         assert lane.enqueue("shops", "acme", "products") > 0
     finally:
         lane.close()
@@ -158,7 +152,7 @@ def test_create_schema_false_refuses_a_schema_made_by_a_newer_synclane(app, db, 
         with pytest.raises(SchemaError, match=r"(?s)newer synclane.*99"):
             lane = SyncLane(dsn, schema=schema, create_schema=False)
             created.append(lane)
-            lane.queue("shops").snapshot("products", every=60)(lambda job: Page(None))
+            products_queue(lane)
             lane.enqueue("shops", "acme", "products")
     finally:
         for lane in created:
@@ -169,7 +163,7 @@ def test_create_schema_false_refuses_a_schema_made_by_a_newer_synclane(app, db, 
 def test_create_schema_false_on_an_existing_schema_works(app, dsn, schema):
     lane = SyncLane(dsn, schema=schema, create_schema=False)
     try:
-        lane.queue("shops").snapshot("products", every=60)(lambda job: Page(None))
+        products_queue(lane)
         assert lane.enqueue("shops", "acme", "products") > 0
     finally:
         lane.close()

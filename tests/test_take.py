@@ -151,9 +151,8 @@ def test_a_statement_takes_no_more_than_the_slots_that_asked(app, dsn, db, schem
 
 @pytest.mark.parametrize("lanes", [1, 3])
 def test_a_slot_takes_each_next_job_in_the_statement_that_completes_the_last(
-    dsn: str, db: psycopg.Connection[Any], schema: str, lanes: int
+    app: SyncLane, db: psycopg.Connection[Any], schema: str, lanes: int
 ) -> None:
-    app = SyncLane(dsn, schema=schema, poll_interval=0.05, plan_interval=3600)
     queue = app.queue("shops", concurrency=1)
 
     @queue.snapshot("orders", every=3600)
@@ -161,10 +160,7 @@ def test_a_slot_takes_each_next_job_in_the_statement_that_completes_the_last(
         return Page(None, 1)
 
     _insert(db, schema, [f"lane-{n % lanes}" for n in range(12)])
-    try:
-        assert app.run_worker(until_idle=True) == {"completed": 12}
-    finally:
-        app.close()
+    assert app.run_worker(until_idle=True) == {"completed": 12}
     rows = db.execute(
         sql.SQL("SELECT started_at, completed_at FROM {} ORDER BY started_at").format(
             sql.Identifier(schema, "jobs")
@@ -175,9 +171,8 @@ def test_a_slot_takes_each_next_job_in_the_statement_that_completes_the_last(
 
 
 def test_slots_that_finish_together_share_one_statement(
-    dsn: str, db: psycopg.Connection[Any], schema: str
+    app: SyncLane, db: psycopg.Connection[Any], schema: str
 ) -> None:
-    app = SyncLane(dsn, schema=schema, poll_interval=0.05, plan_interval=3600)
     queue = app.queue("shops", concurrency=4)
     running: set[str] = set()
     overlaps: list[str] = []
@@ -192,10 +187,7 @@ def test_slots_that_finish_together_share_one_statement(
         return Page(None, 1)
 
     _insert(db, schema, [f"lane-{n % 6}" for n in range(48)])
-    try:
-        assert app.run_worker(until_idle=True) == {"completed": 48}
-    finally:
-        app.close()
+    assert app.run_worker(until_idle=True) == {"completed": 48}
     assert overlaps == []
     rows = db.execute(
         sql.SQL("SELECT started_at, count(*) FROM {} GROUP BY started_at").format(

@@ -4,23 +4,20 @@ from __future__ import annotations
 
 import threading
 import time
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
 import pytest
-from workers import job_row, running_worker, wait_for
+from apps import BASE, window
+from workers import job_row
 
 from synclane import Abandon, Owner, Page, SyncLane, Throttled
 from synclane.model import Job
+from synclane.testing import running_worker, wait_for
 from synclane.worker import error_text, retry_delay
 
 DAY = timedelta(days=1)
-BASE = datetime(2026, 1, 1, tzinfo=UTC)
-
-
-def _window(days_ago: int) -> dict[str, datetime]:
-    return {"window_start": BASE - days_ago * DAY, "window_end": BASE - (days_ago - 1) * DAY}
 
 
 def test_a_throttle_pauses_its_lane_and_keeps_the_attempt(
@@ -43,8 +40,8 @@ def test_a_throttle_pauses_its_lane_and_keeps_the_attempt(
         time.sleep(0.05)
         return Page(None, 1)
 
-    slow = [app.enqueue("q", "s", "orders", lane="slow", **_window(d)) for d in range(1, 5)]
-    fast = [app.enqueue("q", "f", "orders", lane="fast", **_window(d)) for d in range(1, 30)]
+    slow = [app.enqueue("q", "s", "orders", lane="slow", **window(d)) for d in range(1, 5)]
+    fast = [app.enqueue("q", "f", "orders", lane="fast", **window(d)) for d in range(1, 30)]
     with running_worker(app):
         wait_for(
             lambda: all(job_row(db, schema, j)["status"] == "completed" for j in slow + fast),
@@ -81,11 +78,11 @@ def test_a_failing_job_is_retried_deferred_then_abandoned_and_a_requeue_heals_it
         finished[job.id] = time.monotonic()
         return Page(None, 1)
 
-    bad = app.enqueue("q", "bad", "orders", lane="shop", **_window(1))
+    bad = app.enqueue("q", "bad", "orders", lane="shop", **window(1))
     with running_worker(app):
         wait_for(lambda: job_row(db, schema, bad)["status"] == "deferred", 30, "deferral")
         # Work that arrives in the lane while the job is deferred goes first.
-        good = [app.enqueue("q", "good", "orders", lane="shop", **_window(d)) for d in (2, 3)]
+        good = [app.enqueue("q", "good", "orders", lane="shop", **window(d)) for d in (2, 3)]
         wait_for(lambda: job_row(db, schema, bad)["status"] == "abandoned", 30, "abandonment")
     row = job_row(db, schema, bad)
     assert row["cursor"] == "50"
@@ -126,9 +123,9 @@ def test_newest_window_first_within_a_type_and_types_in_declared_order(
         return Page(None, 0)
 
     for days_ago in (5, 1, 3):
-        app.enqueue("q", "acme", "refunds", **_window(days_ago))
+        app.enqueue("q", "acme", "refunds", **window(days_ago))
     for days_ago in (4, 9, 2):
-        app.enqueue("q", "acme", "orders", **_window(days_ago))
+        app.enqueue("q", "acme", "orders", **window(days_ago))
     with running_worker(app):
         wait_for(lambda: len(order) == 6, 30, "six jobs")
     assert order == [

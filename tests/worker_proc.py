@@ -34,6 +34,13 @@ CREATE TABLE IF NOT EXISTS {runs} (
 )
 """
 
+# Two runs of one lane that overlap in time (a run of a killed process ends at its kill): what
+# `count(db, OVERLAPS, schema)` (tests/workers.py) finds must be 0.
+OVERLAPS = """
+SELECT count(*) FROM {runs} a JOIN {runs} b
+  ON a.lane = b.lane AND a.id < b.id AND a.started < b.ended AND b.started < a.ended
+"""
+
 
 def runs_table(schema: str) -> sql.Identifier:
     return sql.Identifier(schema, "runs")

@@ -1,39 +1,47 @@
-"""Helpers for worker tests: start real worker processes, run an in-process worker until a
-condition holds, wait for rows."""
+"""What the tests share around workers and the table: real worker processes, the table read and
+arranged by hand as a user with SQL would, and the statements of docs/operations.md.
+
+A worker in a thread of the test and waiting for a condition are synclane.testing's
+`running_worker` and `wait_for` (what users get); they are imported here too for the modules
+that import them from here.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
-import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import psycopg
 from psycopg import sql
+from psycopg.rows import dict_row
 
-from synclane import SyncLane
-from synclane.worker import Worker
+from synclane.testing import running_worker, wait_for
+
+__all__ = [
+    "HERE",
+    "arrange",
+    "count",
+    "database_now",
+    "job_row",
+    "operations_sql",
+    "running_worker",
+    "start_worker_process",
+    "wait_for",
+    "worker_processes",
+]
 
 HERE = Path(__file__).parent
+DOCS = HERE.parent / "docs"
 
-
-def wait_for(
-    predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.05
-) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(interval)
+# -- worker processes ---------------------------------------------------------------------------
 
 
 def start_worker_process(settings: dict[str, Any]) -> subprocess.Popen[str]:
@@ -67,35 +75,10 @@ def worker_processes(settings: dict[str, Any], count: int) -> Iterator[list[subp
             process.communicate(timeout=30)
 
 
-@contextmanager
-def running_worker(
-    app: SyncLane, queues: list[str] | None = None, **options: Any
-) -> Iterator[Worker]:
-    """A worker in a thread of this process, stopped (jobs handed back) when the block ends."""
-    worker = app.worker(queues, **options)
-    errors: list[BaseException] = []
-
-    def target() -> None:
-        try:
-            worker.run()
-        except BaseException as error:
-            errors.append(error)
-
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    try:
-        yield worker
-    finally:
-        worker.stop()
-        thread.join(timeout=30)
-        assert not thread.is_alive(), "the worker did not stop within 30 s"
-        if errors:
-            raise errors[0]
+# -- the table, read and arranged by hand ------------------------------------------------------
 
 
 def job_row(db: psycopg.Connection[Any], schema: str, job_id: int) -> dict[str, Any]:
-    from psycopg.rows import dict_row
-
     with db.cursor(row_factory=dict_row) as cur:
         cur.execute(
             sql.SQL("SELECT * FROM {} WHERE id = %s").format(sql.Identifier(schema, "jobs")),
@@ -114,3 +97,50 @@ def count(db: psycopg.Connection[Any], query: str, schema: str, *params: Any) ->
     row = db.execute(statement, params).fetchone()
     assert row is not None
     return int(row[0])
+
+
+def arrange(
+    db: psycopg.Connection[Any], schema: str, ids: int | Iterable[int], **values: Any
+) -> None:
+    """Set columns of jobs directly, as a user fixing the table with UPDATE would."""
+    chosen = [ids] if isinstance(ids, int) else list(ids)
+    assignments = sql.SQL(", ").join(
+        sql.SQL("{} = %s").format(sql.Identifier(column)) for column in values
+    )
+    db.execute(
+        sql.SQL("UPDATE {} SET {} WHERE id = ANY(%s)").format(
+            sql.Identifier(schema, "jobs"), assignments
+        ),
+        [*values.values(), chosen],
+    )
+
+
+def database_now(db: psycopg.Connection[Any]) -> datetime:
+    """The database clock at this instant, the clock every decision of synclane reads.
+    clock_timestamp(), not now(): now() is the start of the current transaction, which inside
+    a transaction (or a statement that runs a while) lags behind the instant the test means."""
+    row = db.execute("SELECT clock_timestamp()").fetchone()
+    assert row is not None
+    now: datetime = row[0]
+    return now
+
+
+# -- the statements of docs/operations.md -------------------------------------------------------
+
+SQL_BLOCK = re.compile(r"<!-- sql:(\w+) -->\n```sql\n(.*?)```", re.S)
+
+
+def operations_statements() -> list[str]:
+    """The names of the statements docs/operations.md gives, in the page's order."""
+    return [name for name, _ in SQL_BLOCK.findall((DOCS / "operations.md").read_text())]
+
+
+def operations_sql(name: str, schema: str, **words: str) -> str:
+    """A statement of docs/operations.md for `schema` instead of `synclane`, other words
+    replaced as given."""
+    blocks = dict(SQL_BLOCK.findall((DOCS / "operations.md").read_text(encoding="utf-8")))
+    text = blocks[name]
+    for old, new in words.items():
+        text = text.replace(old, new)
+    quoted = sql.Identifier(schema).as_string(None)
+    return re.sub(r"\bsynclane(?=\.|;|\s+TO\b)", quoted, text)
