@@ -7,6 +7,7 @@ a callable that plans one queue. `SyncLane.worker(...)` builds one from an app;
     worker/taker.py   the take statements and the Taker that shares them between slots
     worker/lease.py   a lease and the guarded writes allowed under it
     worker/slot.py    one slot: take, run page by page, finish
+    worker/presence.py  its row in the workers table, and the wake-ups between workers
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from datetime import timedelta
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, Literal
 
 import psycopg
 
@@ -30,9 +31,11 @@ from synclane.errors import error_text
 from synclane.events import Event, Kind, Listener, listeners
 from synclane.model import ConfigError, to_duration
 from synclane.queues import Queue
+from synclane.wakeup import notify_params
 from synclane.worker.lease import Lease, LeaseLost, Writer
+from synclane.worker.presence import FreedLanes, Presence
 from synclane.worker.slot import Crew, Slot, describe, retry_delay
-from synclane.worker.taker import LeasedJob, Taker
+from synclane.worker.taker import Batch, LeasedJob, Taker
 
 __all__ = ["IDLE_GRACE", "Worker", "error_text", "retry_delay"]
 
@@ -47,8 +50,22 @@ CONNECTION_WAIT = 3.0
 IDLE_GRACE = timedelta(seconds=30)
 
 
+class Wake(asyncio.Event):
+    """One slot's wake-up call. A nudge sets it; the wait it ends clears it at once, so that a
+    nudge that comes while the slot is asking for a job (its wait already over) is kept for its
+    next wait instead of falling between the two."""
+
+    async def wait(self) -> Literal[True]:
+        await super().wait()
+        self.clear()
+        return True
+
+
 class Worker:
-    """The slots of the given queues in this process, until stopped."""
+    """The slots of the given queues in this process, until stopped.
+
+    A listener of `on_event` that also has a method `observe_take(queue, statement, seconds)`
+    is told how long each take statement took (synclane.metrics.Metrics has one)."""
 
     def __init__(
         self,
@@ -72,6 +89,7 @@ class Worker:
         for queue in self.queues:
             queue.check_handlers()
         self.name = name
+        self.wanted_name = name  # the name asked for; `name` is the one it runs as
         self.poll_interval = poll_interval
         self.plan_interval = plan_interval
         self.plan = plan
@@ -80,11 +98,16 @@ class Worker:
         self.idle_grace = to_duration("idle_grace", idle_grace, allow_zero=True)
         self.stop_grace = to_duration("stop_grace", stop_grace, allow_zero=True)
         self.listeners = listeners(on_event)
+        self._take_observers = [
+            observe
+            for listener in self.listeners
+            if callable(observe := getattr(listener, "observe_take", None))
+        ]
         self.report: Counter[str] = Counter()
         self._stop_requested = False
         self._stop: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._wake = asyncio.Event()
+        self._wakes: dict[str, list[Wake]] = {}
         self._crew: Crew | None = None
         self._broken_listeners: set[int] = set()
 
@@ -120,11 +143,27 @@ class Worker:
         stop = self._stop = asyncio.Event()
         if self._stop_requested:
             stop.set()
-        self._wake = asyncio.Event()
+        self._wakes = {}
         planned = asyncio.Event()
         slots = sum(q.settings.concurrency for q in self.queues)
+        # Before the first take: listening, so that nothing made due from now on goes unheard,
+        # and registered, under a name no live worker holds (it goes into leased_by).
+        presence = Presence(
+            self.database,
+            self.wanted_name,
+            [q.name for q in self.queues],
+            slots,
+            busy=lambda: 0 if self._crew is None else self._crew.busy,
+            wake=self._nudge,
+        )
+        await presence.start()
+        self.name = presence.name
         pool = self.database.worker_pool(slots + 2, wait=CONNECTION_WAIT)
-        await pool.open()
+        try:
+            await pool.open()
+        except BaseException:
+            await presence.close()
+            raise
         writer = Writer(pool, self.database.store)
         # One waiter for the whole run: every page waits on it, none creates its own.
         stop_waiter = asyncio.ensure_future(stop.wait())
@@ -140,8 +179,9 @@ class Worker:
             first_load=self._tell_if_first_load_finished if self.listeners else None,
             stop_grace=self.stop_grace.total_seconds(),
         )
+        freed: list[FreedLanes] = []
         for queue in self.queues:
-            crew.takers[queue.name] = Taker(
+            taker = crew.takers[queue.name] = Taker(
                 pool,
                 self.database.store,
                 queue.name,
@@ -151,6 +191,8 @@ class Worker:
                 max_attempts=queue.settings.max_attempts,
                 outage=writer.outage,
             )
+            freed.append(FreedLanes(pool, self.database, queue.name))
+            taker.watch = self._watcher(queue.name, freed[-1])
         installed = self._install_signal_handlers(loop)
         log.info(
             "worker %s started: %s",
@@ -160,6 +202,8 @@ class Worker:
         helpers = [
             asyncio.create_task(self._plan_loop(planned)),
             asyncio.create_task(self._reclaim_loop()),
+            asyncio.create_task(presence.run()),
+            asyncio.create_task(self._say_stopping(presence, pool)),
         ]
         if self.stop_after is not None:
             helpers.append(asyncio.create_task(self._stop_later(self.stop_after)))
@@ -167,7 +211,7 @@ class Worker:
             helpers.append(asyncio.create_task(self._stop_when_idle(planned)))
         try:
             slot_tasks = [
-                asyncio.create_task(Slot(crew, queue, number, lambda: self._wake).run())
+                asyncio.create_task(Slot(crew, queue, number, self._waker(queue.name)).run())
                 for queue in self.queues
                 for number in range(queue.settings.concurrency)
             ]
@@ -189,6 +233,8 @@ class Worker:
                 loop.remove_signal_handler(sig)
             await asyncio.gather(*(taker.idle() for taker in crew.takers.values()))
             await crew.release_now()
+            await asyncio.gather(*(f.close() for f in freed))
+            await presence.leave(pool)
             await pool.close()
             log.info("worker %s stopped: %s", self.name, dict(self.report))
         return dict(self.report)
@@ -218,10 +264,37 @@ class Worker:
         assert self._crew is not None
         await self._crew.pause(seconds)
 
-    def _nudge(self) -> None:
-        """Wake idle slots: planning or reclaiming may have made work."""
-        self._wake.set()
-        self._wake = asyncio.Event()
+    def _nudge(self, queue: str | None = None) -> None:
+        """Wake the idle slots of a queue (None: of every queue): work may be due."""
+        for name, wakes in self._wakes.items():
+            if queue is None or name == queue:
+                for wake in wakes:
+                    wake.set()
+
+    def _waker(self, queue: str) -> Callable[[], Wake]:
+        """A slot's own wake-up call, set by every nudge of its queue."""
+        wake = Wake()
+        self._wakes.setdefault(queue, []).append(wake)
+        return lambda: wake
+
+    def _watcher(self, queue: str, freed: FreedLanes) -> Callable[[str, float, Batch], None]:
+        """What the worker does after each take statement of a queue."""
+        observers = self._take_observers
+
+        def watch(statement: str, seconds: float, batch: Batch) -> None:
+            freed.note(batch)
+            for observe in observers:
+                try:
+                    observe(queue, statement, seconds)
+                except Exception as error:
+                    self._listener_broke(observe, error)
+
+        return watch
+
+    async def _say_stopping(self, presence: Presence, pool: Any) -> None:
+        assert self._stop is not None
+        await self._stop.wait()
+        await presence.stopping(pool)
 
     # -- events ----------------------------------------------------------------------------
 
@@ -229,6 +302,8 @@ class Worker:
         """Tell every listener; a listener that raises is logged once and otherwise ignored."""
         if not self.listeners:
             return
+        if kind == "started":  # where the job's records stand: a page's count adds to them
+            details.setdefault("records", getattr(job, "processed_count", 0))
         event = Event(
             kind=kind,
             queue=job.queue,
@@ -247,9 +322,12 @@ class Worker:
             try:
                 listener(event)
             except Exception as error:
-                if id(listener) not in self._broken_listeners:
-                    self._broken_listeners.add(id(listener))
-                    log.error("event listener %r raised %s", listener, error_text(error))
+                self._listener_broke(listener, error)
+
+    def _listener_broke(self, listener: object, error: Exception) -> None:
+        if id(listener) not in self._broken_listeners:
+            self._broken_listeners.add(id(listener))
+            log.error("event listener %r raised %s", listener, error_text(error))
 
     async def _tell_if_first_load_finished(self, taken: LeasedJob) -> None:
         """After an initial slice completed: when no slice of its owner and type is left
@@ -272,7 +350,7 @@ class Worker:
             """Hands back a job no slot will run (its slot was cancelled while it was taken)."""
             assert self._crew is not None
             lease = Lease(job, queue.settings.lease_duration, self._crew.writer, 0.0)
-            slot = Slot(self._crew, queue, -1, lambda: self._wake)
+            slot = Slot(self._crew, queue, -1, Wake)
             with contextlib.suppress(psycopg.Error, LeaseLost):
                 await slot.hand_back(lease, job.cursor)
 
@@ -336,6 +414,9 @@ class Worker:
                         cur = await conn.execute(store.query("reclaim_expired"), params)
                         rows = await cur.fetchall()
                         names = [d.name for d in cur.description or []]
+                        if rows:  # back in line and due: idle workers elsewhere may take them
+                            wake = notify_params(store, [queue.name])
+                            await conn.execute(store.query("notify_work"), wake)
                 except psycopg.Error as error:
                     log.warning("reclaiming expired leases failed: %s", error_text(error))
                     continue

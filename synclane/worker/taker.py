@@ -10,6 +10,7 @@ them all; a slot that asks alone is served at once, nothing waits to form a batc
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -189,6 +190,10 @@ class Taker:
         self.give_back = give_back
         self._waiting: list[tuple[Finished | None, asyncio.Future[Turn | None]]] = []
         self._serving: asyncio.Task[None] | None = None
+        # Told after each take statement: which ("front" or "by_lane"), its seconds (a pooled
+        # connection's wait included) and what it did; the worker's metrics and its wake-up of
+        # other workers for the lanes it freed listen here. It must return at once.
+        self.watch: Callable[[str, float, Batch], None] | None = None
 
     async def take(self, finished: Finished | None) -> Turn | None:
         """The next job, completing `finished` in the same statement when given. None: several
@@ -235,6 +240,7 @@ class Taker:
         finished = [request for request in requests if request is not None]
         for _ in range(RACES):
             tokens = [uuid4() for _ in requests]
+            sent = time.monotonic()
             try:
                 async with self.pool.connection() as conn:
                     batch = await take_front(
@@ -247,6 +253,7 @@ class Taker:
                         len(requests) - len(finished),
                         tokens,
                     )
+                self._watched("front", sent, batch)
                 break
             except errors.UniqueViolation:
                 # Another worker won a lane in the same instant: nothing was written, ask again.
@@ -288,11 +295,14 @@ class Taker:
     async def _by_lane(self) -> LeasedJob | None:
         for _ in range(RACES):
             token = uuid4()
+            sent = time.monotonic()
             try:
                 async with self.pool.connection() as conn:
-                    return await take_by_lane(
+                    job = await take_by_lane(
                         conn, self.store, self.queue, self.worker, self.lease, token
                     )
+                self._watched("by_lane", sent, Batch(frozenset(), [] if job is None else [job]))
+                return job
             except errors.UniqueViolation:
                 continue
             except psycopg.OperationalError:
@@ -301,6 +311,10 @@ class Taker:
                     return found.jobs[0]
                 raise
         return None
+
+    def _watched(self, statement: str, sent: float, batch: Batch) -> None:
+        if self.watch is not None:
+            self.watch(statement, time.monotonic() - sent, batch)
 
     async def _recover(self, tokens: Sequence[UUID], finished: Sequence[Finished]) -> Batch | None:
         """What a take whose answer was lost did; None when it did not commit. Asked through
