@@ -14,6 +14,7 @@ from typing import Any
 import pandas as pd
 
 from synclane.model import MODES, STATUSES
+from synclane.worker.presence import WORKER_STATES
 
 # What `progress()` says about an owner and type; docs/sdk.md defines each.
 STATES = ("connecting", "loading", "loaded", "throttled", "failing", "abandoned", "cancelled")
@@ -37,6 +38,7 @@ TIMESTAMPS = frozenset(
         "next_due",
         "paused_until",
         "period",
+        "last_seen_at",
     }
 )
 INTEGERS = frozenset(
@@ -60,6 +62,9 @@ INTEGERS = frozenset(
         "failed",
         "deferred",
         "abandoned",
+        "pid",
+        "slots",
+        "busy",
     }
 )
 FLOATS = frozenset({"percent", "jobs_per_minute", "records_per_minute"})
@@ -77,6 +82,9 @@ STRINGS = frozenset(
         "cause",
         "cause_id",
         "example",
+        "name",
+        "host",
+        "version",
     }
 )
 CATEGORIES: dict[str, tuple[str, ...]] = {"status": STATUSES, "mode": MODES, "state": STATES}
@@ -106,6 +114,15 @@ def _typed(name: str, column: pd.Series) -> Any:
     if name in CATEGORIES:
         return pd.Categorical(column, categories=CATEGORIES[name])
     return column
+
+
+def workers_frame(columns: Sequence[str], rows: Sequence[tuple[Any, ...]]) -> pd.DataFrame:
+    """The workers list: its `state` is a worker's (WORKER_STATES), not an owner's."""
+    position = list(columns).index("state")
+    states = [row[position] for row in rows]
+    frame = typed_frame(columns, rows)
+    frame["state"] = pd.Categorical(states, categories=WORKER_STATES)
+    return frame
 
 
 def throughput_frame(

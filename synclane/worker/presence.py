@@ -50,6 +50,9 @@ LOST_AFTER = timedelta(seconds=30)  # a worker that has not beaten for this long
 FORGET_AFTER = timedelta(hours=1)  # a lost worker's row is deleted this long after that
 FREED_SPACING = 0.1  # seconds between two freed-lane checks of one queue in one worker
 MAX_NAMES = 100  # name, name#2, … name#100: beyond that the name is refused
+# What the `workers` statement says of a worker: it beats, it was asked to stop and hands its
+# jobs back, or it died (stopped beating, or its session to PostgreSQL is gone).
+WORKER_STATES = ("running", "stopping", "lost")
 
 
 class Presence:
