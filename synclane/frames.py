@@ -118,10 +118,11 @@ def _typed(name: str, column: pd.Series) -> Any:
 
 def workers_frame(columns: Sequence[str], rows: Sequence[tuple[Any, ...]]) -> pd.DataFrame:
     """The workers list: its `state` is a worker's (WORKER_STATES), not an owner's."""
-    position = list(columns).index("state")
-    states = [row[position] for row in rows]
-    frame = typed_frame(columns, rows)
-    frame["state"] = pd.Categorical(states, categories=WORKER_STATES)
+    at = list(columns).index("state")
+    frame = typed_frame(
+        [name for name in columns if name != "state"], [row[:at] + row[at + 1 :] for row in rows]
+    )
+    frame.insert(at, "state", pd.Categorical([row[at] for row in rows], categories=WORKER_STATES))
     return frame
 
 

@@ -152,11 +152,10 @@ class Presence:
     # -- the connection ----------------------------------------------------------------------
 
     async def _connect(self) -> psycopg.AsyncConnection[Any]:
+        # Named after the worker in pg_stat_activity (PostgreSQL keeps 63 bytes of it).
+        label = f"synclane-presence {self.name}".encode()[:63].decode(errors="ignore")
         return await psycopg.AsyncConnection.connect(
-            self.database.dsn,
-            autocommit=True,
-            connect_timeout=10,
-            application_name="synclane-worker-presence",
+            self.database.dsn, autocommit=True, connect_timeout=10, application_name=label
         )
 
     async def _listen(self, conn: psycopg.AsyncConnection[Any]) -> None:
