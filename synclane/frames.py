@@ -122,7 +122,8 @@ def workers_frame(columns: Sequence[str], rows: Sequence[tuple[Any, ...]]) -> pd
     frame = typed_frame(
         [name for name in columns if name != "state"], [row[:at] + row[at + 1 :] for row in rows]
     )
-    frame.insert(at, "state", pd.Categorical([row[at] for row in rows], categories=WORKER_STATES))
+    states = pd.Categorical([row[at] for row in rows], categories=WORKER_STATES)
+    frame.insert(at, "state", pd.Series(states, index=frame.index))
     return frame
 
 
