@@ -289,10 +289,11 @@ class FreedLanes:
         self._telling: asyncio.Task[None] | None = None
 
     def note(self, batch: Batch) -> None:
-        """After a take statement: the jobs it completed and the lanes it took from."""
-        self._taken.update(job.lane for job in batch.jobs)
-        if not batch.completed:
+        """After a take statement: the jobs it completed and the lanes it took from (since
+        the first completion not told yet: a lane taken before it was freed says nothing)."""
+        if not batch.completed and not self._done:
             return
+        self._taken.update(job.lane for job in batch.jobs)
         self._done.update(batch.completed)
         if self._telling is None:
             self._telling = asyncio.create_task(self._tell())
