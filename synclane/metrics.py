@@ -268,7 +268,10 @@ class TableGauges:
 
     def _rows(self) -> dict[str, Any]:
         if self._conn is None or self._conn.closed or self._conn.broken:
-            conn = self._conn = self.database.connect()
+            label = f"synclane-metrics {self.database.schema}".encode()[:63].decode(errors="ignore")
+            conn = self._conn = psycopg.connect(
+                self.database.dsn, autocommit=True, connect_timeout=10, application_name=label
+            )
             conn.execute("SET jit = off")  # short aggregates: compiling them costs more
         conn = self._conn
         store = self.database.store
