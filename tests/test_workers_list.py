@@ -18,6 +18,8 @@ import pandas as pd
 import psycopg
 import pytest
 from psycopg import sql
+from psycopg.rows import dict_row
+from test_security import operations_sql
 from worker_proc import build, create_runs
 from workers import job_row, running_worker, wait_for, worker_processes
 
@@ -35,8 +37,6 @@ def quick_beat(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _rows(db: psycopg.Connection[Any], schema: str) -> list[dict[str, Any]]:
-    from psycopg.rows import dict_row
-
     with db.cursor(row_factory=dict_row) as cur:
         cur.execute(
             sql.SQL("SELECT * FROM {} ORDER BY name").format(sql.Identifier(schema, "workers"))
@@ -157,6 +157,11 @@ def test_a_worker_killed_with_minus_9_is_shown_lost_and_its_job_names_it(
         row = job_row(db, schema, job_id)
         assert row["status"] == "running" and row["leased_by"] == name
         assert lost.set_index("name").loc[row["leased_by"], "state"] == "lost"
+        # The same in SQL, as docs/operations.md watches it.
+        with db.cursor(row_factory=dict_row) as cur:
+            cur.execute(operations_sql("watch_workers", schema))  # type: ignore[arg-type]
+            (watched,) = cur.fetchall()
+        assert (watched["name"], watched["lost"], watched["running_jobs"]) == (name, True, 1)
     finally:
         app.close()
 
