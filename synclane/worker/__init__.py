@@ -24,6 +24,7 @@ from types import SimpleNamespace
 from typing import Any, Literal
 
 import psycopg
+from psycopg_pool import AsyncConnectionPool
 
 from synclane.bridge import in_thread
 from synclane.connection import Database
@@ -291,7 +292,7 @@ class Worker:
 
         return watch
 
-    async def _say_stopping(self, presence: Presence, pool: Any) -> None:
+    async def _say_stopping(self, presence: Presence, pool: AsyncConnectionPool[Any]) -> None:
         assert self._stop is not None
         await self._stop.wait()
         await presence.stopping(pool)
