@@ -45,6 +45,12 @@ forgotten AS (
 )
 SELECT EXISTS (SELECT FROM beat) AS listed, (SELECT count(*) FROM forgotten) AS forgotten;
 
+-- name: worker_idle
+-- a slot of the worker found nothing and waits: said at once, not at the next beat, so that a
+-- worker that frees a lane knows that someone may take its next job (notify_freed_lanes)
+UPDATE {schema}.workers SET busy = %(busy)s
+WHERE name = %(name)s AND instance = %(instance)s;
+
 -- name: worker_stopping
 -- the worker was asked to stop: its slots hand their jobs back before its row goes
 UPDATE {schema}.workers SET stopping = true
@@ -75,10 +81,15 @@ SELECT pg_notify(%(channel)s, queue) FROM unnest(%(queues)s::text[]) AS queue;
 
 -- name: notify_freed_lanes
 -- wakes idle slots when a lane that finished jobs of %(done_ids)s (and whose next job the finisher
--- did not take: not one of %(taken_lanes)s) has a pending or failed job that is due. Reads only
--- when there is nothing to tell, so it costs no commit then
+-- did not take: not one of %(taken_lanes)s) has a pending or failed job that is due, and a live
+-- worker of the queue has a slot that waits (it says so at once: worker_idle). Reads only when
+-- there is nothing to tell or nobody to tell it, so under full load it costs no commit
 SELECT pg_notify(%(channel)s, %(queue)s)
 WHERE EXISTS (
+    SELECT FROM {schema}.workers w
+    WHERE %(queue)s = ANY (w.queues) AND w.busy < w.slots AND w.expires_at > now()
+)
+AND EXISTS (
     SELECT FROM {schema}.jobs d
     WHERE d.id = ANY (%(done_ids)s::bigint[]) AND d.lane <> ALL (%(taken_lanes)s::text[])
       AND EXISTS (

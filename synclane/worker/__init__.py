@@ -54,10 +54,21 @@ IDLE_GRACE = timedelta(seconds=30)
 class Wake(asyncio.Event):
     """One slot's wake-up call. A nudge sets it; the wait it ends clears it at once, so that a
     nudge that comes while the slot is asking for a job (its wait already over) is kept for its
-    next wait instead of falling between the two."""
+    next wait instead of falling between the two. `on_wait` hears when a wait begins."""
+
+    def __init__(self, on_wait: Callable[[], None] | None = None) -> None:
+        super().__init__()
+        self.on_wait = on_wait
+        self.waiting = False
 
     async def wait(self) -> Literal[True]:
-        await super().wait()
+        self.waiting = True
+        if self.on_wait is not None:
+            self.on_wait()
+        try:
+            await super().wait()
+        finally:
+            self.waiting = False
         self.clear()
         return True
 
@@ -109,6 +120,7 @@ class Worker:
         self._stop: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wakes: dict[str, list[Wake]] = {}
+        self._presence: Presence | None = None
         self._crew: Crew | None = None
         self._broken_listeners: set[int] = set()
 
@@ -149,7 +161,7 @@ class Worker:
         slots = sum(q.settings.concurrency for q in self.queues)
         # Before the first take: listening, so that nothing made due from now on goes unheard,
         # and registered, under a name no live worker holds (it goes into leased_by).
-        presence = Presence(
+        presence = self._presence = Presence(
             self.database,
             self.wanted_name,
             [q.name for q in self.queues],
@@ -165,6 +177,7 @@ class Worker:
         except BaseException:
             await presence.close()
             raise
+        presence.pool = pool
         writer = Writer(pool, self.database.store)
         # One waiter for the whole run: every page waits on it, none creates its own.
         stop_waiter = asyncio.ensure_future(stop.wait())
@@ -274,9 +287,16 @@ class Worker:
 
     def _waker(self, queue: str) -> Callable[[], Wake]:
         """A slot's own wake-up call, set by every nudge of its queue."""
-        wake = Wake()
+        wake = Wake(self._slot_waits)
         self._wakes.setdefault(queue, []).append(wake)
         return lambda: wake
+
+    def _slot_waits(self) -> None:
+        """A slot found nothing and waits; the first of this worker's slots to wait tells the
+        workers list at once (a freed lane's job is announced only to workers that wait)."""
+        waiting = sum(wake.waiting for wakes in self._wakes.values() for wake in wakes)
+        if waiting == 1 and self._presence is not None:
+            self._presence.went_idle()
 
     def _watcher(self, queue: str, freed: FreedLanes) -> Callable[[str, float, Batch], None]:
         """What the worker does after each take statement of a queue."""

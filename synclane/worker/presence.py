@@ -17,7 +17,9 @@ and its word when a lane it freed has due work.
 
 `FreedLanes` sends the third kind of wake-up: after take statements that completed jobs, at most
 once every `FREED_SPACING` per queue, one statement notifies when a lane those jobs freed has a
-due job the finisher did not take itself. Under load it reads and sends nothing most of the time.
+due job the finisher did not take itself and some worker of the queue has a slot that waits (a
+worker says so at once when its first slot starts to wait: `went_idle`). Under full load nobody
+waits: it reads, and sends nothing.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ BEAT = 5.0  # seconds between two beats of a worker's row
 LOST_AFTER = timedelta(seconds=30)  # a worker that has not beaten for this long is lost
 FORGET_AFTER = timedelta(hours=1)  # a lost worker's row is deleted this long after that
 FREED_SPACING = 0.1  # seconds between two freed-lane checks of one queue in one worker
+IDLE_SPACING = 1.0  # seconds: a worker says "a slot of mine waits" at most this often
 MAX_NAMES = 100  # name, name#2, … name#100: beyond that the name is refused
 # What the `workers` statement says of a worker: it beats, it was asked to stop and hands its
 # jobs back, or it died (stopped beating, or its session to PostgreSQL is gone).
@@ -78,6 +81,9 @@ class Presence:
         self.instance = uuid4()
         self.channel = channel(database.schema)
         self.listed = True  # False: the table is missing or not writable; listen only
+        self.pool: AsyncConnectionPool[Any] | None = None  # the slots' pool, once open
+        self._idle_said = False  # a slot began to wait since went_idle's last statement
+        self._saying_idle: asyncio.Task[None] | None = None
         self._conn: psycopg.AsyncConnection[Any] | None = None
         self._broken = False  # said once per break, and once when listening again
 
@@ -122,6 +128,26 @@ class Presence:
                 await self.close()
                 await asyncio.sleep(OUTAGE_BACKOFF[-1])
 
+    def went_idle(self) -> None:
+        """A slot of this worker found nothing and waits while all the others ran a job: say
+        so now, not at the next beat (notify_freed_lanes only wakes workers that have a waiting
+        slot). At most once every IDLE_SPACING; one that comes meanwhile is said at its end."""
+        self._idle_said = True
+        if self._saying_idle is None and self.listed and self.pool is not None:
+            self._saying_idle = asyncio.create_task(self._say_idle(self.pool))
+
+    async def _say_idle(self, pool: AsyncConnectionPool[Any]) -> None:
+        try:
+            while self._idle_said and self.listed:
+                self._idle_said = False
+                params = {**self._who(), "busy": self.busy()}
+                with contextlib.suppress(psycopg.Error):
+                    async with pool.connection() as conn:
+                        await conn.execute(self.store.query("worker_idle"), params)
+                await asyncio.sleep(IDLE_SPACING)
+        finally:
+            self._saying_idle = None
+
     async def stopping(self, pool: AsyncConnectionPool[Any]) -> None:
         """Show the worker as stopping while its slots hand their jobs back."""
         if not self.listed:
@@ -133,6 +159,10 @@ class Presence:
     async def leave(self, pool: AsyncConnectionPool[Any]) -> None:
         """The worker stopped cleanly: its jobs are back in line (wake the others) and its row
         goes. A database that is away leaves the row to be shown lost, then forgotten."""
+        if self._saying_idle is not None:
+            self._saying_idle.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._saying_idle
         with contextlib.suppress(psycopg.Error):
             async with pool.connection() as conn:
                 await conn.execute(
