@@ -139,6 +139,9 @@ CREATE TABLE IF NOT EXISTS "synclane".workers (
     queues text[] NOT NULL,
     slots integer NOT NULL,
     busy integer NOT NULL DEFAULT 0,
+    -- slots that found nothing and wait for work: written at once when it goes from none to
+    -- some or back, so that a worker that frees a lane knows whether anyone waits for its job
+    waiting integer NOT NULL DEFAULT 0,
     stopping boolean NOT NULL DEFAULT false,
     session_pid integer,
     started_at timestamptz NOT NULL DEFAULT now(),

@@ -200,6 +200,39 @@ def test_a_lane_freed_by_a_finished_job_wakes_an_idle_worker(
         app.close()
 
 
+def test_a_lane_freed_while_no_slot_waits_is_not_announced(
+    dsn: str, schema: str, db: psycopg.Connection[Any]
+) -> None:
+    """The same lanes, with one worker of one slot: nobody waits, so nothing is sent. (Its
+    pages are long enough for the worker to have said that its slot no longer waits.)"""
+    settings, app = _prepare(dsn, schema, db, page_sleep=2.0)
+    listener = _listen(dsn, schema)
+    try:
+        with worker_processes(settings, 1):
+            _ready(db, schema)
+            first = app.enqueue("q", "acme-1", "sync", lane="L")
+            assert _heard(listener) == ["q"]  # the enqueue
+            _insert_due_job(db, schema, "acme-2", lane="L")
+            better = _insert_due_job(
+                db,
+                schema,
+                "globex",
+                lane="M",
+                window_start=_now(db) - timedelta(hours=2),
+                window_end=_now(db) - timedelta(hours=1),
+            )
+            wait_for(
+                lambda: job_row(db, schema, better)["status"] == "running",
+                timeout=20,
+                what="M's job taken when L's first completed",
+            )
+            assert job_row(db, schema, first)["status"] == "completed"
+            assert _heard(listener, 0.5) == [], "L was freed with work due, but nobody waited"
+    finally:
+        listener.close()
+        app.close()
+
+
 def test_a_stopping_worker_wakes_the_others_for_the_jobs_it_hands_back(
     dsn: str, schema: str, db: psycopg.Connection[Any]
 ) -> None:

@@ -9,14 +9,15 @@
 -- row comes back), so two live workers never share a name, nor a running job's leased_by. The
 -- same worker registering again after its connection broke finds its own row
 INSERT INTO {schema}.workers AS w
-    (name, instance, host, pid, version, queues, slots, busy, stopping, session_pid,
+    (name, instance, host, pid, version, queues, slots, busy, waiting, stopping, session_pid,
      started_at, last_seen_at, expires_at)
 VALUES (%(name)s, %(instance)s, %(host)s, %(pid)s, %(version)s, %(queues)s, %(slots)s,
-        %(busy)s, false, pg_backend_pid(), now(), now(), now() + %(lost_after)s)
+        %(busy)s, %(waiting)s, false, pg_backend_pid(), now(), now(), now() + %(lost_after)s)
 ON CONFLICT (name) DO UPDATE
 SET instance = excluded.instance, host = excluded.host, pid = excluded.pid,
     version = excluded.version, queues = excluded.queues, slots = excluded.slots,
-    busy = excluded.busy, stopping = false, session_pid = excluded.session_pid,
+    busy = excluded.busy, waiting = excluded.waiting, stopping = false,
+    session_pid = excluded.session_pid,
     started_at = CASE WHEN w.instance = excluded.instance THEN w.started_at ELSE now() END,
     last_seen_at = now(), expires_at = excluded.expires_at
 WHERE w.instance = excluded.instance
@@ -33,8 +34,8 @@ SELECT host, pid, last_seen_at FROM {schema}.workers WHERE name = %(name)s;
 -- one per worker process). False when its row is gone or is another worker's now
 WITH beat AS (
     UPDATE {schema}.workers
-    SET busy = %(busy)s, session_pid = pg_backend_pid(), last_seen_at = now(),
-        expires_at = now() + %(lost_after)s
+    SET busy = %(busy)s, waiting = %(waiting)s, session_pid = pg_backend_pid(),
+        last_seen_at = now(), expires_at = now() + %(lost_after)s
     WHERE name = %(name)s AND instance = %(instance)s
     RETURNING name
 ),
@@ -45,10 +46,11 @@ forgotten AS (
 )
 SELECT EXISTS (SELECT FROM beat) AS listed, (SELECT count(*) FROM forgotten) AS forgotten;
 
--- name: worker_idle
--- a slot of the worker found nothing and waits: said at once, not at the next beat, so that a
--- worker that frees a lane knows that someone may take its next job (notify_freed_lanes)
-UPDATE {schema}.workers SET busy = %(busy)s
+-- name: worker_waiting
+-- the worker's slots began to wait for work, or none waits any more: said at once, not at the
+-- next beat, so that a worker that frees a lane knows whether anyone would take its next job
+-- (notify_freed_lanes)
+UPDATE {schema}.workers SET waiting = %(waiting)s, busy = %(busy)s
 WHERE name = %(name)s AND instance = %(instance)s;
 
 -- name: worker_stopping
@@ -82,12 +84,12 @@ SELECT pg_notify(%(channel)s, queue) FROM unnest(%(queues)s::text[]) AS queue;
 -- name: notify_freed_lanes
 -- wakes idle slots when a lane that finished jobs of %(done_ids)s (and whose next job the finisher
 -- did not take: not one of %(taken_lanes)s) has a pending or failed job that is due, and a live
--- worker of the queue has a slot that waits (it says so at once: worker_idle). Reads only when
--- there is nothing to tell or nobody to tell it, so under full load it costs no commit
+-- worker of the queue has a slot that waits (it says so at once: worker_waiting). Reads only
+-- when there is nothing to tell or nobody to tell it, so under full load it costs no commit
 SELECT pg_notify(%(channel)s, %(queue)s)
 WHERE EXISTS (
     SELECT FROM {schema}.workers w
-    WHERE %(queue)s = ANY (w.queues) AND w.busy < w.slots AND w.expires_at > now()
+    WHERE %(queue)s = ANY (w.queues) AND w.waiting > 0 AND w.expires_at > now()
 )
 AND EXISTS (
     SELECT FROM {schema}.jobs d

@@ -54,7 +54,7 @@ IDLE_GRACE = timedelta(seconds=30)
 class Wake(asyncio.Event):
     """One slot's wake-up call. A nudge sets it; the wait it ends clears it at once, so that a
     nudge that comes while the slot is asking for a job (its wait already over) is kept for its
-    next wait instead of falling between the two. `on_wait` hears when a wait begins."""
+    next wait instead of falling between the two. `on_wait` hears when a wait begins and ends."""
 
     def __init__(self, on_wait: Callable[[], None] | None = None) -> None:
         super().__init__()
@@ -62,15 +62,18 @@ class Wake(asyncio.Event):
         self.waiting = False
 
     async def wait(self) -> Literal[True]:
-        self.waiting = True
-        if self.on_wait is not None:
-            self.on_wait()
+        self._waiting(True)
         try:
             await super().wait()
         finally:
-            self.waiting = False
+            self._waiting(False)
         self.clear()
         return True
+
+    def _waiting(self, waiting: bool) -> None:
+        self.waiting = waiting
+        if self.on_wait is not None:
+            self.on_wait()
 
 
 class Worker:
@@ -120,6 +123,7 @@ class Worker:
         self._stop: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wakes: dict[str, list[Wake]] = {}
+        self._waited = False  # whether a slot waited when the last one began or ended a wait
         self._presence: Presence | None = None
         self._crew: Crew | None = None
         self._broken_listeners: set[int] = set()
@@ -157,6 +161,7 @@ class Worker:
         if self._stop_requested:
             stop.set()
         self._wakes = {}
+        self._waited = False
         planned = asyncio.Event()
         slots = sum(q.settings.concurrency for q in self.queues)
         # Before the first take: listening, so that nothing made due from now on goes unheard,
@@ -167,6 +172,7 @@ class Worker:
             [q.name for q in self.queues],
             slots,
             busy=lambda: 0 if self._crew is None else self._crew.busy,
+            waiting=self._waiting_slots,
             wake=self._nudge,
         )
         await presence.start()
@@ -291,12 +297,17 @@ class Worker:
         self._wakes.setdefault(queue, []).append(wake)
         return lambda: wake
 
+    def _waiting_slots(self) -> int:
+        return sum(wake.waiting for wakes in self._wakes.values() for wake in wakes)
+
     def _slot_waits(self) -> None:
-        """A slot found nothing and waits; the first of this worker's slots to wait tells the
-        workers list at once (a freed lane's job is announced only to workers that wait)."""
-        waiting = sum(wake.waiting for wakes in self._wakes.values() for wake in wakes)
-        if waiting == 1 and self._presence is not None:
-            self._presence.went_idle()
+        """A slot began or ended a wait for work. When that makes the first one wait or the
+        last one stop, the workers list hears it at once: a freed lane's job is announced only
+        while some worker waits."""
+        waited = self._waiting_slots() > 0
+        if waited != self._waited and self._presence is not None:
+            self._presence.waiting_changed()
+        self._waited = waited
 
     def _watcher(self, queue: str, freed: FreedLanes) -> Callable[[str, float, Batch], None]:
         """What the worker does after each take statement of a queue."""

@@ -18,8 +18,8 @@ and its word when a lane it freed has due work.
 `FreedLanes` sends the third kind of wake-up: after take statements that completed jobs, at most
 once every `FREED_SPACING` per queue, one statement notifies when a lane those jobs freed has a
 due job the finisher did not take itself and some worker of the queue has a slot that waits (a
-worker says so at once when its first slot starts to wait: `went_idle`). Under full load nobody
-waits: it reads, and sends nothing.
+worker says so at once when its first slot starts to wait, and when none waits any more:
+`waiting_changed`). Under full load nobody waits: it reads, and sends nothing.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ BEAT = 5.0  # seconds between two beats of a worker's row
 LOST_AFTER = timedelta(seconds=30)  # a worker that has not beaten for this long is lost
 FORGET_AFTER = timedelta(hours=1)  # a lost worker's row is deleted this long after that
 FREED_SPACING = 0.1  # seconds between two freed-lane checks of one queue in one worker
-IDLE_SPACING = 1.0  # seconds: a worker says "a slot of mine waits" at most this often
+WAITING_SPACING = 0.5  # seconds: a worker says whether a slot of its waits at most this often
 MAX_NAMES = 100  # name, name#2, … name#100: beyond that the name is refused
 # What the `workers` statement says of a worker: it beats, it was asked to stop and hands its
 # jobs back, or it died (stopped beating, or its session to PostgreSQL is gone).
@@ -69,6 +69,7 @@ class Presence:
         slots: int,
         *,
         busy: Callable[[], int],
+        waiting: Callable[[], int],
         wake: Callable[[str | None], None],
     ) -> None:
         self.database = database
@@ -76,14 +77,15 @@ class Presence:
         self.name = name
         self.queues = list(queues)
         self.slots = slots
-        self.busy = busy
+        self.busy = busy  # slots that run a job now
+        self.waiting = waiting  # slots that found nothing and wait for work now
         self.wake = wake
         self.instance = uuid4()
         self.channel = channel(database.schema)
         self.listed = True  # False: the table is missing or not writable; listen only
         self.pool: AsyncConnectionPool[Any] | None = None  # the slots' pool, once open
-        self._idle_said = False  # a slot began to wait since went_idle's last statement
-        self._saying_idle: asyncio.Task[None] | None = None
+        self._waiting_changed = False  # since the last worker_waiting statement
+        self._saying_waiting: asyncio.Task[None] | None = None
         self._conn: psycopg.AsyncConnection[Any] | None = None
         self._broken = False  # said once per break, and once when listening again
 
@@ -128,25 +130,26 @@ class Presence:
                 await self.close()
                 await asyncio.sleep(OUTAGE_BACKOFF[-1])
 
-    def went_idle(self) -> None:
-        """A slot of this worker found nothing and waits while all the others ran a job: say
-        so now, not at the next beat (notify_freed_lanes only wakes workers that have a waiting
-        slot). At most once every IDLE_SPACING; one that comes meanwhile is said at its end."""
-        self._idle_said = True
-        if self._saying_idle is None and self.listed and self.pool is not None:
-            self._saying_idle = asyncio.create_task(self._say_idle(self.pool))
+    def waiting_changed(self) -> None:
+        """The first of this worker's slots began to wait for work, or the last one stopped:
+        say so now, not at the next beat (notify_freed_lanes wakes workers only when one has a
+        waiting slot). At most once every WAITING_SPACING; a change meanwhile is said at its
+        end, as it then stands."""
+        self._waiting_changed = True
+        if self._saying_waiting is None and self.listed and self.pool is not None:
+            self._saying_waiting = asyncio.create_task(self._say_waiting(self.pool))
 
-    async def _say_idle(self, pool: AsyncConnectionPool[Any]) -> None:
+    async def _say_waiting(self, pool: AsyncConnectionPool[Any]) -> None:
         try:
-            while self._idle_said and self.listed:
-                self._idle_said = False
-                params = {**self._who(), "busy": self.busy()}
+            while self._waiting_changed and self.listed:
+                self._waiting_changed = False
+                params = {**self._who(), "waiting": self.waiting(), "busy": self.busy()}
                 with contextlib.suppress(psycopg.Error):
                     async with pool.connection() as conn:
-                        await conn.execute(self.store.query("worker_idle"), params)
-                await asyncio.sleep(IDLE_SPACING)
+                        await conn.execute(self.store.query("worker_waiting"), params)
+                await asyncio.sleep(WAITING_SPACING)
         finally:
-            self._saying_idle = None
+            self._saying_waiting = None
 
     async def stopping(self, pool: AsyncConnectionPool[Any]) -> None:
         """Show the worker as stopping while its slots hand their jobs back."""
@@ -159,10 +162,10 @@ class Presence:
     async def leave(self, pool: AsyncConnectionPool[Any]) -> None:
         """The worker stopped cleanly: its jobs are back in line (wake the others) and its row
         goes. A database that is away leaves the row to be shown lost, then forgotten."""
-        if self._saying_idle is not None:
-            self._saying_idle.cancel()
+        if self._saying_waiting is not None:
+            self._saying_waiting.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._saying_idle
+                await self._saying_waiting
         with contextlib.suppress(psycopg.Error):
             async with pool.connection() as conn:
                 await conn.execute(
@@ -229,6 +232,7 @@ class Presence:
             "queues": self.queues,
             "slots": self.slots,
             "busy": self.busy(),
+            "waiting": self.waiting(),
             "lost_after": LOST_AFTER,
         }
 
@@ -273,6 +277,7 @@ class Presence:
         params = {
             **self._who(),
             "busy": self.busy(),
+            "waiting": self.waiting(),
             "lost_after": LOST_AFTER,
             "forget_after": FORGET_AFTER,
         }
