@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 from datetime import timedelta
 from typing import Any
+from uuid import uuid4
 
 import psycopg
 from psycopg import sql
@@ -63,6 +64,8 @@ def measure(dsn: str, schema: str, rounds: int) -> list[float]:
             "done_ids": [],
             "done_tokens": [],
             "done_counts": [],
+            "tokens": [uuid4()],  # the lease tokens the statements write (rolled back)
+            "token": uuid4(),
         }
 
         def take() -> Any:
