@@ -15,7 +15,7 @@ from pathlib import Path
 
 import psycopg
 
-from bench import footprint, plan, sdk, take, throughput
+from bench import footprint, plan, sdk, take, throughput, wakeup
 from bench.common import bench_dsn
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "performance.md"
@@ -49,6 +49,7 @@ def main() -> None:
             ("Planning", plan.main(owners=50, history=2_000)),
             ("Taking a job", take.main(5, (0, 2_000), backlog_lanes=50, backlog_per_lane=10)),
             ("Throughput", throughput.main(jobs=200, rounds=1, pgbench_seconds=2)),
+            ("Instant pickup", wakeup.main(jobs=20, processes=(1,))),
             ("Worker footprint", footprint.main()),
             ("Notebook SDK", sdk.main(20_000, 2)),
         ]
@@ -60,6 +61,7 @@ def main() -> None:
                 "Throughput, against pgbench and peers (`python -m bench.throughput`)",
                 throughput.main(),
             ),
+            ("Instant pickup (`python -m bench.wakeup`)", wakeup.main()),
             ("Worker footprint (`python -m bench.footprint`)", footprint.main()),
             ("Notebook SDK (`python -m bench.sdk`)", sdk.main()),
         ]

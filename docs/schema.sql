@@ -294,4 +294,35 @@ WHERE status IN ('pending', 'failed', 'deferred')
 GROUP BY queue, lane
 ON CONFLICT (queue, lane) DO UPDATE SET due_at = least(l.due_at, excluded.due_at);
 
+-- Live workers -------------------------------------------------------------------------------
+
+-- Every running worker process, one row each: who it is, what it works, how busy it is. A worker
+-- registers at start, beats every few seconds (last_seen_at, busy) and deletes its row when it
+-- stops cleanly. A worker that died stops beating: it counts as lost once expires_at has passed,
+-- or at once when its session (session_pid) is gone, and any live worker deletes it an hour
+-- later. The name is what a running job's leased_by says; two live workers never share one.
+CREATE TABLE IF NOT EXISTS "synclane".workers (
+    name text PRIMARY KEY,
+    instance uuid NOT NULL,
+    host text NOT NULL,
+    pid integer NOT NULL,
+    version text NOT NULL,
+    queues text[] NOT NULL,
+    slots integer NOT NULL,
+    busy integer NOT NULL DEFAULT 0,
+    -- slots that found nothing and wait for work: written at once when it goes from none to
+    -- some or back, so that a worker that frees a lane knows whether anyone waits for its job
+    waiting integer NOT NULL DEFAULT 0,
+    stopping boolean NOT NULL DEFAULT false,
+    session_pid integer,
+    started_at timestamptz NOT NULL DEFAULT now(),
+    last_seen_at timestamptz NOT NULL DEFAULT now(),
+    expires_at timestamptz NOT NULL
+);
+
+-- Metrics count the jobs that wait for a human (abandoned) every few seconds: from this small
+-- index, not from a scan of the whole history. Only abandoned rows are in it.
+CREATE INDEX IF NOT EXISTS jobs_abandoned
+    ON "synclane".jobs (queue) WHERE status = 'abandoned';
+
 INSERT INTO "synclane".schema_version (version) VALUES (3) ON CONFLICT DO NOTHING;

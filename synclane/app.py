@@ -66,9 +66,9 @@ class SyncLane(Reads):
         self.poll_interval = to_duration("poll_interval", poll_interval)
         self.plan_interval = to_duration("plan_interval", plan_interval)
         self.owners_timeout = to_duration("owners_timeout", owners_timeout)
-        self.worker_name = check_name(
-            "worker_name", worker_name or f"{socket.gethostname()}:{os.getpid()}"
-        )
+        # Not given: host:pid of the process that runs the worker, read then, so that processes
+        # forked from one app (multiprocessing, a preloading server) do not share a name.
+        self._worker_name = check_name("worker_name", worker_name) if worker_name else None
         self.database = Database(dsn, schema)
         self.catalog = Catalog()
         self._planner = Planner(self.database, self.catalog, self.owners_timeout)
@@ -81,6 +81,12 @@ class SyncLane(Reads):
         return f"SyncLane({where!r}, schema={self.schema!r}, queues={list(self.catalog)})"
 
     # -- what the app is made of -----------------------------------------------------------
+
+    @property
+    def worker_name(self) -> str:
+        """What a worker of this app writes to leased_by (a live worker that holds it already
+        makes a second one run as `name#2`, see docs/workers.md)."""
+        return self._worker_name or f"{socket.gethostname()}:{os.getpid()}"
 
     @property
     def dsn(self) -> str:

@@ -10,6 +10,7 @@ interrupted. Results go to stdout; log lines and the progress bar to stderr (syn
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import threading
@@ -73,9 +74,14 @@ def cmd_plan(args: argparse.Namespace, term: Terminal) -> int:
 def cmd_work(args: argparse.Namespace, term: Terminal) -> int:
     if args.idle_grace is not None and not args.until_idle:
         raise UsageError("argument --idle-grace: only means something with --until-idle")
+    if args.metrics_host is not None and args.metrics_port is None:
+        raise UsageError("argument --metrics-host: only means something with --metrics-port")
     app = cli_args.load_app(args)
     queues = sorted({q for name in args.queue or [None] for q in cli_args.queues(app, name)})
-    return _work(app, queues, args.seconds, args.until_idle, args.idle_grace, term)
+    metrics = None
+    if args.metrics_port is not None:
+        metrics = (args.metrics_host or "127.0.0.1", args.metrics_port)
+    return _work(app, queues, args.seconds, args.until_idle, args.idle_grace, term, metrics)
 
 
 def _work(
@@ -85,23 +91,70 @@ def _work(
     until_idle: bool,
     idle_grace: float | None,
     term: Terminal,
+    metrics_at: tuple[str, int] | None = None,
 ) -> int:
     from synclane.terminal import EventPrinter, left_open, report_text, timer
     from synclane.worker import IDLE_GRACE
 
     grace = IDLE_GRACE if idle_grace is None else timedelta(seconds=idle_grace)
-    elapsed = timer()
-    with term.progress(lambda: app.open_jobs(queues), "working") as bar:
-        worker = app.worker(
-            queues, seconds, until_idle=until_idle, idle_grace=grace,
-            on_event=[EventPrinter(app), bar],
-        )  # fmt: skip
-        report = worker.run()
+    listeners: list[Callable[..., object]] = [EventPrinter(app)]
+    with contextlib.ExitStack() as serving:
+        if metrics_at is not None:
+            listeners.append(_serve_metrics(app, queues, *metrics_at, term, serving))
+        elapsed = timer()
+        with term.progress(lambda: app.open_jobs(queues), "working") as bar:
+            worker = app.worker(
+                queues, seconds, until_idle=until_idle, idle_grace=grace,
+                on_event=[*listeners, bar],
+            )  # fmt: skip
+            report = worker.run()
     term.say(f"worker stopped after {elapsed():.0f} s: {report_text(report)}")
     left = left_open(app, queues)
     for line in left or ["nothing left open"]:
         term.say(line)
     return EXIT_WORK_LEFT if until_idle and left else 0
+
+
+def _serve_metrics(
+    app: SyncLane,
+    queues: Sequence[str],
+    host: str,
+    port: int,
+    term: Terminal,
+    serving: contextlib.ExitStack,
+) -> Callable[..., object]:
+    """Serve the worker's Prometheus metrics until `serving` closes; returns their listener."""
+    from synclane.metrics import Metrics
+
+    metrics = Metrics(app.database, queues)
+    serving.callback(metrics.close)
+    try:
+        server = metrics.serve(port, host)
+    except OSError as error:
+        raise UsageError(
+            f"argument --metrics-port: cannot listen on {host}:{port} "
+            f"({error.strerror or error}); choose another port, or 0 for any free one"
+        ) from None
+    serving.callback(server.close)
+    term.say(f"metrics on {server.url}")
+    return metrics
+
+
+def cmd_workers(args: argparse.Namespace, term: Terminal) -> int:
+    from synclane.terminal import WORKER_COLUMNS, workers_summary
+
+    if args.app or os.environ.get("SYNCLANE_APP"):
+        app = cli_args.load_app(args)
+        frame = app.workers(cli_args.queues(app, args.queue)[0] if args.queue else None)
+    else:
+        app = SyncLane(args.dsn or None, schema=args.schema or "synclane", create_schema=False)
+        frame = app.workers()
+        if args.queue:  # no app to check the name against: as given
+            frame = frame[frame["queues"].map(lambda queues: args.queue in queues)]
+    term.table(frame, WORKER_COLUMNS, "no worker: none runs, and none died in the last hour")
+    if not frame.empty:
+        term.say(workers_summary(frame))
+    return 0
 
 
 def cmd_jobs(args: argparse.Namespace, term: Terminal) -> int:
@@ -464,6 +517,28 @@ def parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="with --until-idle: wait this long for retries and throttles due soon (default 30)",
     )
+
+    work.add_argument(
+        "--metrics-port",
+        type=cli_args.whole(0, 65_535, "9108"),
+        metavar="PORT",
+        help="serve Prometheus metrics at http://127.0.0.1:PORT/metrics (0: any free port)",
+    )
+    work.add_argument(
+        "--metrics-host",
+        metavar="HOST",
+        help="where the metrics listen (default 127.0.0.1; 0.0.0.0 for a Prometheus on another "
+        "machine: they show queue, type and lane names)",
+    )
+
+    workers = command(
+        "workers",
+        cmd_workers,
+        "the worker processes sharing the table: what they work, how busy, last seen, lost ones",
+        "synclane --app mysync.app:app workers",
+        "synclane --dsn postgresql://... --schema synclane workers",
+    )
+    workers.add_argument("--queue", type=name("--queue"), help="only the workers of this queue")
 
     jobs = command(
         "jobs",

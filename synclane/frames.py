@@ -14,6 +14,7 @@ from typing import Any
 import pandas as pd
 
 from synclane.model import MODES, STATUSES
+from synclane.worker.presence import WORKER_STATES
 
 # What `progress()` says about an owner and type; docs/sdk.md defines each.
 STATES = ("connecting", "loading", "loaded", "throttled", "failing", "abandoned", "cancelled")
@@ -38,6 +39,7 @@ TIMESTAMPS = frozenset(
         "paused_until",
         "period",
         "paused_at",
+        "last_seen_at",
     }
 )
 INTEGERS = frozenset(
@@ -63,6 +65,9 @@ INTEGERS = frozenset(
         "abandoned",
         "rate_count",
         "rate_left",
+        "pid",
+        "slots",
+        "busy",
     }
 )
 FLOATS = frozenset({"percent", "jobs_per_minute", "records_per_minute"})
@@ -82,6 +87,9 @@ STRINGS = frozenset(
         "example",
         "paused_by",
         "pause_reason",
+        "name",
+        "host",
+        "version",
     }
 )
 CATEGORIES: dict[str, tuple[str, ...]] = {"status": STATUSES, "mode": MODES, "state": STATES}
@@ -111,6 +119,17 @@ def _typed(name: str, column: pd.Series) -> Any:
     if name in CATEGORIES:
         return pd.Categorical(column, categories=CATEGORIES[name])
     return column
+
+
+def workers_frame(columns: Sequence[str], rows: Sequence[tuple[Any, ...]]) -> pd.DataFrame:
+    """The workers list: its `state` is a worker's (WORKER_STATES), not an owner's."""
+    at = list(columns).index("state")
+    frame = typed_frame(
+        [name for name in columns if name != "state"], [row[:at] + row[at + 1 :] for row in rows]
+    )
+    states = pd.Categorical([row[at] for row in rows], categories=WORKER_STATES)
+    frame.insert(at, "state", pd.Series(states, index=frame.index))
+    return frame
 
 
 def throughput_frame(

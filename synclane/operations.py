@@ -21,6 +21,7 @@ from synclane.errors import storable
 from synclane.model import ConfigError, Rate, check_aware, check_name, unstorable
 from synclane.owners import connected_owners
 from synclane.queues import Catalog, Queue
+from synclane.wakeup import channel
 
 log = logging.getLogger("synclane")
 
@@ -78,6 +79,7 @@ class Operations:
                 "window_start": window_start,
                 "window_end": window_end,
                 "dedup_key": dedup_key,
+                "channel": channel(self.database.schema),  # a due job wakes idle workers
             }
             store = self.database.store
             row = conn.execute(store.query("enqueue_job"), params).fetchone()
@@ -149,6 +151,7 @@ class Operations:
             "ids": job_ids,
             "cause": cause,
             "cause_id": cause_id,
+            "channel": channel(self.database.schema),  # due jobs wake idle workers
         }
         requeued = self._changing("requeue_jobs", params)
         if requeued:

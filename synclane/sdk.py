@@ -1,6 +1,7 @@
-"""The notebook SDK: `jobs`, `progress`, `failures`, `depth`, `lanes`, `coverage` and
-`throughput`. Each checks its filters, runs one statement of sql/reads.sql that aggregates in the
-database, and returns a typed DataFrame (synclane.frames). docs/sdk.md has every column.
+"""The notebook SDK: `jobs`, `progress`, `failures`, `depth`, `lanes`, `coverage`,
+`throughput` and `workers`. Each checks its filters, runs one statement of sql/reads.sql (the
+workers': sql/workers.sql) that aggregates in the database, and returns a typed DataFrame
+(synclane.frames). docs/sdk.md has every column.
 
 `Reads` carries the calls; SyncLane inherits them. A Reads needs exactly two things: `database`
 (where to read) and `catalog` (the declared queues, to check a queue's name). pandas is imported
@@ -258,6 +259,15 @@ class Reads:
         from synclane import frames
 
         return frames.throughput_frame(*self._rows("throughput", params), by)
+
+    def workers(self, queue: str | None = None) -> pd.DataFrame:
+        """The worker processes that share the table (or work `queue`), one row each: what
+        they work, how many slots run a job, when each was last seen, and its state: running,
+        stopping, or lost (it died; its row goes an hour later). A running job's `leased_by` is
+        a worker's `name`."""
+        from synclane import frames
+
+        return frames.workers_frame(*self._rows("workers", {"queue": self._queue(queue)}))
 
     # -- reading ---------------------------------------------------------------------------
 

@@ -419,3 +419,32 @@ FAILURE_COLUMNS = (
     Column("last_seen", "last seen"),
     Column("cause", show=_cause),
 )
+
+
+def _seen(record: dict[str, Any]) -> str:
+    seen = record.get("last_seen_at")
+    if seen is None or _missing(seen):
+        return ""
+    return event_lines.duration_text(max(datetime.now(UTC) - seen, timedelta(0))) + " ago"
+
+
+WORKER_COLUMNS = (
+    Column("name", no_wrap=True),
+    Column("state", no_wrap=True),
+    Column("host"),
+    Column("pid", justify="right"),
+    Column("queues"),
+    Column("busy", "busy", justify="right", show=lambda r: f"{r['busy']}/{r['slots']}"),
+    Column("last_seen_at", "last seen", show=_seen),
+    Column("started_at", "started"),
+    Column("version"),
+)
+
+
+def workers_summary(frame: pd.DataFrame) -> str:
+    """'2 running, 1 lost; 5 of 8 slots busy'."""
+    states = frame["state"].value_counts()
+    said = ", ".join(f"{int(states[state])} {state}" for state in states.index if states[state])
+    running = frame[frame["state"] == "running"]
+    slots = f"{int(running['busy'].sum())} of {int(running['slots'].sum())} slots busy"
+    return f"{said}; {slots}" if len(running) else said

@@ -332,6 +332,7 @@ def test_every_statement_of_the_page_is_one_of_those_tested_here_or_in_test_secu
         "watch_long": "watch",
         "watch_stopped": "watch",
         "watch_depth": "watch",
+        "watch_workers": "test_workers_list: the killed worker",
         "fix_expire": "a_fix",
         "fix_requeue": "a_fix",
         "fix_skip_page": "a_fix",

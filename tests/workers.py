@@ -8,14 +8,16 @@ that import them from here.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
 import subprocess
 import sys
+import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,7 @@ from psycopg import sql
 from psycopg.rows import dict_row
 
 from synclane.testing import running_worker, wait_for
+from synclane.worker.taker import take_front
 
 __all__ = [
     "HERE",
@@ -144,3 +147,62 @@ def operations_sql(name: str, schema: str, **words: str) -> str:
         text = text.replace(old, new)
     quoted = sql.Identifier(schema).as_string(None)
     return re.sub(r"\bsynclane(?=\.|;|\s+TO\b)", quoted, text)
+
+
+def race_a_rival(
+    app: Any,
+    dsn: str,
+    db: psycopg.Connection[Any],
+    schema: str,
+    index: str | None,
+    lanes: int,
+    rivals: int,
+) -> int:
+    """Jobs in `lanes` lanes; a rival transaction marks `rivals` of them running in slots 0..n
+    (of their lane and of the queue) without committing; a worker's take runs meanwhile; the
+    rival commits. Returns how many jobs run at the end. `index`: kept (None drops both)."""
+    jobs = sql.Identifier(schema, "jobs")
+    db.execute(sql.SQL("DELETE FROM {}").format(jobs))
+    ids = [app.enqueue("q", f"o{n}", "sync", lane=f"l{n % lanes}") for n in range(rivals + 4)]
+    if index is None:
+        for name in ("jobs_running_lane", "jobs_running_queue_slot"):
+            db.execute(sql.SQL("DROP INDEX IF EXISTS {}").format(sql.Identifier(schema, name)))
+    rival = psycopg.connect(dsn)
+    # the rival holds the newest jobs, so that the take's best job is one it does not lock
+    for slot, job_id in enumerate(ids[-rivals:]):
+        rival.execute(
+            sql.SQL(
+                "UPDATE {} SET status = 'running', lease_token = gen_random_uuid(), "
+                "lane_slot = %s, queue_slot = %s WHERE id = %s"
+            ).format(jobs),
+            [slot % app.get_queue("q").settings.lane_width, slot, job_id],
+        )
+    settings = app.get_queue("q").settings
+    outcome: dict[str, Any] = {}
+
+    def take() -> None:
+        async def once() -> Any:
+            async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+                return await take_front(
+                    conn,
+                    app.store,
+                    "q",
+                    "rival-2",
+                    timedelta(minutes=5),
+                    plain=1,
+                    lane_width=settings.lane_width,
+                    max_running=settings.max_running,
+                )
+
+        try:
+            outcome["batch"] = asyncio.run(once())
+        except psycopg.errors.UniqueViolation as error:
+            outcome["error"] = error
+
+    taker = threading.Thread(target=take)
+    taker.start()
+    taker.join(timeout=2)
+    rival.commit()
+    rival.close()
+    taker.join(timeout=30)
+    return count(db, "SELECT count(*) FROM {jobs} WHERE status = 'running'", schema)

@@ -4,15 +4,23 @@
 
 -- name: enqueue_job
 -- adds one job by hand; with a dedup key a second call finds the first job instead. A job that
--- joins a paused lane (a throttle) waits for the pause like the lane's other jobs
-INSERT INTO {schema}.jobs
-    (queue, owner, lane, type, mode, priority, window_start, window_end, dedup_key, next_run_at)
-VALUES (%(queue)s, %(owner)s, %(lane)s, %(type)s, 'manual', %(priority)s, %(window_start)s,
-        %(window_end)s, coalesce(%(dedup_key)s::text, 'manual:' || gen_random_uuid()),
-        greatest(now(), (SELECT paused_until FROM {schema}.lanes
-                         WHERE queue = %(queue)s AND lane = %(lane)s)))
-ON CONFLICT (queue, owner, type, dedup_key) DO NOTHING
-RETURNING id;
+-- joins a paused lane (a throttle) waits for the pause like the lane's other jobs; one that is
+-- due wakes idle workers when the transaction commits (synclane.wakeup)
+WITH added AS (
+    INSERT INTO {schema}.jobs
+        (queue, owner, lane, type, mode, priority, window_start, window_end, dedup_key,
+         next_run_at)
+    VALUES (%(queue)s, %(owner)s, %(lane)s, %(type)s, 'manual', %(priority)s, %(window_start)s,
+            %(window_end)s, coalesce(%(dedup_key)s::text, 'manual:' || gen_random_uuid()),
+            greatest(now(), (SELECT paused_until FROM {schema}.lanes
+                             WHERE queue = %(queue)s AND lane = %(lane)s)))
+    ON CONFLICT (queue, owner, type, dedup_key) DO NOTHING
+    RETURNING id, next_run_at
+),
+woken AS (
+    SELECT pg_notify(%(channel)s, %(queue)s) FROM added WHERE next_run_at <= now()
+)
+SELECT id, (SELECT count(*) FROM woken) AS woken FROM added;
 
 -- name: job_by_dedup_key
 -- the job a dedup key already names
@@ -30,7 +38,7 @@ ORDER BY created_at DESC, id DESC LIMIT 1;
 -- paused lane keeps them waiting until its pause ends. A cancelled job whose page may still be in
 -- flight keeps its lease, and with it its lane, until its worker lets go (release_cancelled) or
 -- the lease ends. Rows are locked in id order, so two requeues never wait on each other in a
--- circle
+-- circle. Jobs due at once wake idle workers when the transaction commits (one notification)
 WITH chosen AS (
     SELECT j.id, l.paused_until,
            j.lease_token IS NOT NULL AND j.lease_expires_at > now() AS held
@@ -64,8 +72,12 @@ hinted AS (
     SELECT queue, lane, min(next_run_at) FROM requeued GROUP BY queue, lane
     ORDER BY queue, lane
     ON CONFLICT (queue, lane) DO UPDATE SET due_at = least(l.due_at, excluded.due_at)
+),
+woken AS (
+    SELECT pg_notify(%(channel)s, %(queue)s)
+    WHERE EXISTS (SELECT FROM requeued WHERE next_run_at <= now())
 )
-SELECT id FROM requeued;
+SELECT id, (SELECT count(*) FROM woken) AS woken FROM requeued;
 
 -- name: cancel_jobs
 -- what has not finished becomes cancelled; a running job keeps its lease until its worker notices

@@ -7,6 +7,7 @@ a callable that plans one queue. `SyncLane.worker(...)` builds one from an app;
     worker/taker.py   the take statements and the Taker that shares them between slots
     worker/lease.py   a lease and the guarded writes allowed under it
     worker/slot.py    one slot: take, run page by page, finish
+    worker/presence.py  its row in the workers table, and the wake-ups between workers
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from datetime import timedelta
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, Literal
 
 import psycopg
+from psycopg_pool import AsyncConnectionPool
 
 from synclane.bridge import in_thread
 from synclane.connection import Database
@@ -30,9 +32,11 @@ from synclane.errors import error_text
 from synclane.events import Event, Kind, Listener, listeners
 from synclane.model import ConfigError, to_duration
 from synclane.queues import Queue
+from synclane.wakeup import notify_params
 from synclane.worker.lease import Lease, LeaseLost, PageWrites, Writer
+from synclane.worker.presence import FreedLanes, Presence
 from synclane.worker.slot import Crew, Slot, describe, retry_delay
-from synclane.worker.taker import LeasedJob, Taker
+from synclane.worker.taker import Batch, LeasedJob, Taker
 
 __all__ = ["IDLE_GRACE", "Worker", "error_text", "retry_delay"]
 
@@ -47,8 +51,36 @@ CONNECTION_WAIT = 3.0
 IDLE_GRACE = timedelta(seconds=30)
 
 
+class Wake(asyncio.Event):
+    """One slot's wake-up call. A nudge sets it; the wait it ends clears it at once, so that a
+    nudge that comes while the slot is asking for a job (its wait already over) is kept for its
+    next wait instead of falling between the two. `on_wait` hears when a wait begins and ends."""
+
+    def __init__(self, on_wait: Callable[[], None] | None = None) -> None:
+        super().__init__()
+        self.on_wait = on_wait
+        self.waiting = False
+
+    async def wait(self) -> Literal[True]:
+        self._waiting(True)
+        try:
+            await super().wait()
+        finally:
+            self._waiting(False)
+        self.clear()
+        return True
+
+    def _waiting(self, waiting: bool) -> None:
+        self.waiting = waiting
+        if self.on_wait is not None:
+            self.on_wait()
+
+
 class Worker:
-    """The slots of the given queues in this process, until stopped."""
+    """The slots of the given queues in this process, until stopped.
+
+    A listener of `on_event` that also has a method `observe_take(queue, statement, seconds)`
+    is told how long each take statement took (synclane.metrics.Metrics has one)."""
 
     def __init__(
         self,
@@ -72,6 +104,7 @@ class Worker:
         for queue in self.queues:
             queue.check_handlers()
         self.name = name
+        self.wanted_name = name  # the name asked for; `name` is the one it runs as
         self.poll_interval = poll_interval
         self.plan_interval = plan_interval
         self.plan = plan
@@ -80,11 +113,18 @@ class Worker:
         self.idle_grace = to_duration("idle_grace", idle_grace, allow_zero=True)
         self.stop_grace = to_duration("stop_grace", stop_grace, allow_zero=True)
         self.listeners = listeners(on_event)
+        self._take_observers = [
+            observe
+            for listener in self.listeners
+            if callable(observe := getattr(listener, "observe_take", None))
+        ]
         self.report: Counter[str] = Counter()
         self._stop_requested = False
         self._stop: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._wake = asyncio.Event()
+        self._wakes: dict[str, list[Wake]] = {}
+        self._waited = False  # whether a slot waited when the last one began or ended a wait
+        self._presence: Presence | None = None
         self._crew: Crew | None = None
         self._broken_listeners: set[int] = set()
 
@@ -121,11 +161,30 @@ class Worker:
         stop = self._stop = asyncio.Event()
         if self._stop_requested:
             stop.set()
-        self._wake = asyncio.Event()
+        self._wakes = {}
+        self._waited = False
         planned = asyncio.Event()
         slots = sum(q.settings.concurrency for q in self.queues)
+        # Before the first take: listening, so that nothing made due from now on goes unheard,
+        # and registered, under a name no live worker holds (it goes into leased_by).
+        presence = self._presence = Presence(
+            self.database,
+            self.wanted_name,
+            [q.name for q in self.queues],
+            slots,
+            busy=lambda: 0 if self._crew is None else self._crew.busy,
+            waiting=self._waiting_slots,
+            wake=self._nudge,
+        )
+        await presence.start()
+        self.name = presence.name
         pool = self.database.worker_pool(slots + 2, wait=CONNECTION_WAIT)
-        await pool.open()
+        try:
+            await pool.open()
+        except BaseException:
+            await presence.close()
+            raise
+        presence.pool = pool
         writer = Writer(pool, self.database.store)
         # One waiter for the whole run: every page waits on it, none creates its own.
         stop_waiter = asyncio.ensure_future(stop.wait())
@@ -145,8 +204,9 @@ class Worker:
             first_load=self._tell_if_first_load_finished if self.listeners else None,
             stop_grace=self.stop_grace.total_seconds(),
         )
+        freed: list[FreedLanes] = []
         for queue in self.queues:
-            crew.takers[queue.name] = Taker(
+            taker = crew.takers[queue.name] = Taker(
                 pool,
                 self.database.store,
                 queue.name,
@@ -158,6 +218,8 @@ class Worker:
                 lane_width=queue.settings.lane_width,
                 max_running=queue.settings.max_running,
             )
+            freed.append(FreedLanes(pool, self.database, queue.name))
+            taker.watch = self._watcher(queue.name, freed[-1])
         installed = self._install_signal_handlers(loop)
         log.info(
             "worker %s started: %s",
@@ -167,6 +229,8 @@ class Worker:
         helpers = [
             asyncio.create_task(self._plan_loop(planned)),
             asyncio.create_task(self._reclaim_loop()),
+            asyncio.create_task(presence.run()),
+            asyncio.create_task(self._say_stopping(presence, pool)),
         ]
         if self.stop_after is not None:
             helpers.append(asyncio.create_task(self._stop_later(self.stop_after)))
@@ -174,7 +238,7 @@ class Worker:
             helpers.append(asyncio.create_task(self._stop_when_idle(planned)))
         try:
             slot_tasks = [
-                asyncio.create_task(Slot(crew, queue, number, lambda: self._wake).run())
+                asyncio.create_task(Slot(crew, queue, number, self._waker(queue.name)).run())
                 for queue in self.queues
                 for number in range(queue.settings.concurrency)
             ]
@@ -197,6 +261,8 @@ class Worker:
             await asyncio.gather(*(taker.idle() for taker in crew.takers.values()))
             await asyncio.gather(*(pages.idle() for pages in crew.pages.values()))
             await crew.release_now()
+            await asyncio.gather(*(f.close() for f in freed))
+            await presence.leave(pool)
             await pool.close()
             log.info("worker %s stopped: %s", self.name, dict(self.report))
         return dict(self.report)
@@ -228,10 +294,49 @@ class Worker:
         assert self._crew is not None
         await self._crew.pause(seconds)
 
-    def _nudge(self) -> None:
-        """Wake idle slots: planning or reclaiming may have made work."""
-        self._wake.set()
-        self._wake = asyncio.Event()
+    def _nudge(self, queue: str | None = None) -> None:
+        """Wake the idle slots of a queue (None: of every queue): work may be due."""
+        for name, wakes in self._wakes.items():
+            if queue is None or name == queue:
+                for wake in wakes:
+                    wake.set()
+
+    def _waker(self, queue: str) -> Callable[[], Wake]:
+        """A slot's own wake-up call, set by every nudge of its queue."""
+        wake = Wake(self._slot_waits)
+        self._wakes.setdefault(queue, []).append(wake)
+        return lambda: wake
+
+    def _waiting_slots(self) -> int:
+        return sum(wake.waiting for wakes in self._wakes.values() for wake in wakes)
+
+    def _slot_waits(self) -> None:
+        """A slot began or ended a wait for work. When that makes the first one wait or the
+        last one stop, the workers list hears it at once: a freed lane's job is announced only
+        while some worker waits."""
+        waited = self._waiting_slots() > 0
+        if waited != self._waited and self._presence is not None:
+            self._presence.waiting_changed()
+        self._waited = waited
+
+    def _watcher(self, queue: str, freed: FreedLanes) -> Callable[[str, float, Batch], None]:
+        """What the worker does after each take statement of a queue."""
+        observers = self._take_observers
+
+        def watch(statement: str, seconds: float, batch: Batch) -> None:
+            freed.note(batch)
+            for observe in observers:
+                try:
+                    observe(queue, statement, seconds)
+                except Exception as error:
+                    self._listener_broke(observe, error)
+
+        return watch
+
+    async def _say_stopping(self, presence: Presence, pool: AsyncConnectionPool[Any]) -> None:
+        assert self._stop is not None
+        await self._stop.wait()
+        await presence.stopping(pool)
 
     # -- events ----------------------------------------------------------------------------
 
@@ -239,6 +344,8 @@ class Worker:
         """Tell every listener; a listener that raises is logged once and otherwise ignored."""
         if not self.listeners:
             return
+        if kind == "started":  # where the job's records stand: a page's count adds to them
+            details.setdefault("records", getattr(job, "processed_count", 0))
         event = Event(
             kind=kind,
             queue=job.queue,
@@ -257,9 +364,12 @@ class Worker:
             try:
                 listener(event)
             except BaseException as error:  # SystemExit from a listener is its bug, not a stop
-                if id(listener) not in self._broken_listeners:
-                    self._broken_listeners.add(id(listener))
-                    log.error("event listener %r raised %s", listener, error_text(error))
+                self._listener_broke(listener, error)
+
+    def _listener_broke(self, listener: object, error: BaseException) -> None:
+        if id(listener) not in self._broken_listeners:
+            self._broken_listeners.add(id(listener))
+            log.error("event listener %r raised %s", listener, error_text(error))
 
     async def _tell_if_first_load_finished(self, taken: LeasedJob) -> None:
         """After an initial slice completed: when no slice of its owner and type is left
@@ -282,7 +392,7 @@ class Worker:
             """Hands back a job no slot will run (its slot was cancelled while it was taken)."""
             assert self._crew is not None
             lease = Lease(job, self._crew.pages[queue.name], 0.0)
-            slot = Slot(self._crew, queue, -1, lambda: self._wake)
+            slot = Slot(self._crew, queue, -1, Wake)
             with contextlib.suppress(psycopg.Error, LeaseLost):
                 await slot.hand_back(lease, job.cursor)
 
@@ -346,6 +456,9 @@ class Worker:
                         cur = await conn.execute(store.query("reclaim_expired"), params)
                         rows = await cur.fetchall()
                         names = [d.name for d in cur.description or []]
+                        if rows:  # back in line and due: idle workers elsewhere may take them
+                            wake = notify_params(store, [queue.name])
+                            await conn.execute(store.query("notify_work"), wake)
                 except psycopg.Error as error:
                     log.warning("reclaiming expired leases failed: %s", error_text(error))
                     continue

@@ -11,6 +11,7 @@ nothing waits to form a batch.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -217,6 +218,10 @@ class Taker:
         self._shared: Shared[Finished | None, Turn | None] = Shared(
             self._statement, self._unclaimed
         )
+        # Told after each take statement: which ("front" or "by_lane"), its seconds (a pooled
+        # connection's wait included) and what it did; the worker's metrics and its wake-up of
+        # other workers for the lanes it freed listen here. It must return at once.
+        self.watch: Callable[[str, float, Batch], None] | None = None
 
     async def take(self, finished: Finished | None) -> Turn | None:
         """The next job, completing `finished` in the same statement when given. None: several
@@ -235,6 +240,7 @@ class Taker:
         finished = [request for request in requests if request is not None]
         for _ in range(RACES):
             tokens = [uuid4() for _ in requests]
+            sent = time.monotonic()
             try:
                 async with self.pool.connection() as conn:
                     batch = await take_front(
@@ -249,6 +255,7 @@ class Taker:
                         self.lane_width,
                         self.max_running,
                     )
+                self._watched("front", sent, batch)
                 break
             except (errors.UniqueViolation, errors.TransactionRollback):
                 # Another worker won a lane in the same instant (or PostgreSQL broke a deadlock
@@ -292,6 +299,7 @@ class Taker:
         races = looks = 0
         while races < RACES and looks < LOOKS:
             token = uuid4()
+            sent = time.monotonic()
             try:
                 async with self.pool.connection() as conn:
                     job, again = await take_by_lane(
@@ -304,6 +312,7 @@ class Taker:
                         self.lane_width,
                         self.max_running,
                     )
+                self._watched("by_lane", sent, Batch(frozenset(), [] if job is None else [job]))
             except (errors.UniqueViolation, errors.TransactionRollback):
                 races += 1  # another taker won the slot, or a deadlock was broken: look again
                 continue
@@ -316,6 +325,10 @@ class Taker:
                 return job
             looks += 1
         return None
+
+    def _watched(self, statement: str, sent: float, batch: Batch) -> None:
+        if self.watch is not None:
+            self.watch(statement, time.monotonic() - sent, batch)
 
     async def _recover(self, tokens: Sequence[UUID], finished: Sequence[Finished]) -> Batch | None:
         """What a take whose answer was lost did; None when it did not commit. Asked through
