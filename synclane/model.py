@@ -209,6 +209,17 @@ class Page:
             )
 
 
+def page_of(job_type: str, result: object) -> Page:
+    """A handler's result as a Page, or the TypeError that fails its job (the worker and
+    synclane.testing say the same)."""
+    if not isinstance(result, Page):
+        raise TypeError(
+            f"the {job_type} handler returned {type(result).__name__} {result!r:.200}; "
+            "return Page(next_cursor, count)"
+        )
+    return result
+
+
 class Throttled(Exception):
     """The other side asked to slow down: pause the whole lane, keep the attempt."""
 

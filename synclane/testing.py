@@ -33,10 +33,10 @@ from synclane.model import (
     Abandon,
     ConfigError,
     Job,
-    Page,
     Throttled,
     check_aware,
     check_name,
+    page_of,
     unstorable,
 )
 
@@ -209,7 +209,7 @@ async def run_pages_async(
     while pages < max_pages:
         cursors.append(current.cursor)
         try:
-            page = _page(current, await PageRun(handler, current).task)
+            page = page_of(current.type, await PageRun(handler, current).task)
         except Throttled as throttle:
             return ended(
                 "throttled",
@@ -234,16 +234,6 @@ async def run_pages_async(
             processed_count=current.processed_count + page.count,
         )
     return ended("max_pages")
-
-
-def _page(job: Job, result: object) -> Page:
-    # The same check, and the same words, as the worker's (synclane.worker.slot).
-    if not isinstance(result, Page):
-        raise TypeError(
-            f"the {job.type} handler returned {type(result).__name__} {result!r:.200}; "
-            "return Page(next_cursor, count)"
-        )
-    return result
 
 
 # -- an app on a real database -----------------------------------------------------------------

@@ -23,7 +23,7 @@ import psycopg
 from synclane.bridge import PageRun
 from synclane.errors import error_text
 from synclane.events import Kind
-from synclane.model import Abandon, ConfigError, Job, Page, Rate, Throttled
+from synclane.model import Abandon, ConfigError, Job, Page, Rate, Throttled, page_of
 from synclane.queues import Queue
 from synclane.worker.lease import Lease, LeaseLost, PageWrites, Writer
 from synclane.worker.outage import OUTAGE_BACKOFF
@@ -334,13 +334,7 @@ class Slot:
         except BaseException:
             page.cancel()
             raise
-        result = page.result()
-        if not isinstance(result, Page):
-            raise TypeError(
-                f"the {job.type} handler returned {type(result).__name__} {result!r:.200}; "
-                "return Page(next_cursor, count)"
-            )
-        return result
+        return page_of(job.type, page.result())
 
     # -- finishing -------------------------------------------------------------------------
 
