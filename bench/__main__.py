@@ -15,7 +15,7 @@ from pathlib import Path
 
 import psycopg
 
-from bench import footprint, plan, sdk, take, throughput, wakeup
+from bench import footprint, page, pages, plan, sdk, take, throughput, wakeup
 from bench.common import bench_dsn
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "performance.md"
@@ -38,6 +38,12 @@ def machine() -> list[str]:
     ]
 
 
+def _page_smoke() -> list[str]:
+    """bench/page.py prints its own figures; the smoke run checks that it runs."""
+    page.main(["--smoke"])
+    return ["bench.page --smoke ran; its figures are printed above"]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="tiny sizes: check that they run")
@@ -50,6 +56,8 @@ def main() -> None:
             ("Taking a job", take.main(5, (0, 2_000), backlog_lanes=50, backlog_per_lane=10)),
             ("Throughput", throughput.main(jobs=200, rounds=1, pgbench_seconds=2)),
             ("Instant pickup", wakeup.main(jobs=20, processes=(1,))),
+            ("Pages that wait on an API", pages.smoke()),
+            ("The page", _page_smoke()),
             ("Worker footprint", footprint.main()),
             ("Notebook SDK", sdk.main(20_000, 2)),
         ]
@@ -62,6 +70,7 @@ def main() -> None:
                 throughput.main(),
             ),
             ("Instant pickup (`python -m bench.wakeup`)", wakeup.main()),
+            ("Pages that wait on an API (`python -m bench.pages`)", pages.main()),
             ("Worker footprint (`python -m bench.footprint`)", footprint.main()),
             ("Notebook SDK (`python -m bench.sdk`)", sdk.main()),
         ]
