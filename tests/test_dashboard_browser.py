@@ -366,3 +366,49 @@ def test_the_login_gives_an_httponly_cookie(
         expect(tab).to_have_url(server.url + "login")
     finally:
         stop(server)
+
+
+def test_the_demo_s_page_tells_its_story_as_it_happens(
+    open_tab: Callable[[str], Any], dsn: str, schema: str, seen: Seen
+) -> None:
+    """`synclane demo` (issue 15, item 3): the worker's events and the demo's own lines reach the
+    page's events panel while the story plays: the scripted 429 pauses lane acme, the broken
+    globex page fails, and the demo's own notes say what happens at the shop."""
+    import re
+    import subprocess
+    import sys
+
+    from playwright.sync_api import expect
+
+    env = {k: v for k, v in __import__("os").environ.items() if k != "SYNCLANE_DSN"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "synclane.cli", "--dsn", dsn, "--schema", schema, "demo",
+         "--speed", "0.05", "--port", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
+    )  # fmt: skip
+    try:
+        assert process.stdout is not None
+        url = None
+        for _ in range(20):
+            found = re.search(r"open (http://\S+)", process.stdout.readline())
+            if found:
+                url = found.group(1)
+                break
+        assert url is not None, "the demo printed no URL"
+        tab = open_tab(url)
+        lines = tab.locator("#event-lines li")
+        expect(lines.filter(has_text="lane acme throttled until")).not_to_have_count(
+            0, timeout=30_000
+        )
+        expect(lines.filter(has_text="ShopBrokenPage")).not_to_have_count(0, timeout=30_000)
+        expect(lines.filter(has_text="planned")).not_to_have_count(0, timeout=30_000)
+        assert seen.errors == []
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(
+                psycopg.sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(
+                    psycopg.sql.Identifier(f"{schema}_demo")
+                )
+            )
