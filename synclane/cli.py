@@ -392,7 +392,12 @@ def cmd_serve(args: argparse.Namespace, term: Terminal) -> int:
             "pip install 'synclane[prefect]'"
         ) from None
     term.say(f"serving the Prefect deployments of {path} (Ctrl-C stops them)")
-    serve(path, dsn=args.dsn or None, work_budget_seconds=args.work_budget)
+    serve(
+        path,
+        dsn=args.dsn or None,
+        work_budget_seconds=args.work_budget,
+        work_runs=args.work_runs,
+    )
     return 0
 
 
@@ -657,6 +662,12 @@ def parser() -> argparse.ArgumentParser:
         type=cli_args.whole(1, 86_400, "540"),
         default=540,
         help="seconds each `work` run works (default 540)",
+    )
+    serve.add_argument(
+        "--work-runs",
+        type=cli_args.whole(1, 1_000, "2"),
+        default=1,
+        help="how many `work` runs to keep going at once (default 1)",
     )
     return main
 
