@@ -81,17 +81,6 @@ def run(
 
         SyncLane(dsn, schema=schema).close()
         table = sql.Identifier(schema, "jobs")
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(
-                sql.SQL(
-                    "INSERT INTO {} (queue, owner, lane, type, mode, dedup_key) "
-                    "SELECT 'bench', 'owner-' || n, 'lane-' || (n %% %s), 'pages', 'manual', "
-                    "'manual:' || n FROM generate_series(1, %s) n"
-                ).format(table),
-                (LANES, jobs),
-            )
-            conn.execute(sql.SQL("VACUUM ANALYZE {}").format(table))
-            commits_before = _commits(conn)
         context = multiprocessing.get_context("spawn")
         events = [context.Event() for _ in range(processes)]
         workers = [
@@ -101,7 +90,21 @@ def run(
         for worker in workers:
             worker.start()
         try:
+            # Every process is ready before the jobs exist, so that the span measures work,
+            # not how long processes take to start.
+            for event in events:
+                if not event.wait(120):
+                    raise RuntimeError("a worker process did not start in 2 minutes")
             with psycopg.connect(dsn, autocommit=True) as conn:
+                commits_before = _commits(conn)
+                conn.execute(
+                    sql.SQL(
+                        "INSERT INTO {} (queue, owner, lane, type, mode, dedup_key) "
+                        "SELECT 'bench', 'owner-' || n, 'lane-' || (n %% %s), 'pages', "
+                        "'manual', 'manual:' || n FROM generate_series(1, %s) n"
+                    ).format(table),
+                    (LANES, jobs),
+                )
                 done = sql.SQL("SELECT count(*) FROM {} WHERE status = 'completed'").format(table)
                 deadline = time.monotonic() + 900
                 while conn.execute(done).fetchone()[0] < jobs:  # type: ignore[index]

@@ -85,6 +85,9 @@ class PageSave:
     count: int
 
 
+SAVES = 2
+
+
 class PageWrites:
     """The page saves and heartbeats of the slots of one queue in one worker: those that fall
     due at the same instant share one statement and one commit (synclane.worker.shared), each
@@ -94,7 +97,9 @@ class PageWrites:
         self.writer = writer
         self.queue = queue
         self.lease = lease
-        self.saves: Shared[PageSave, tuple[bool, bool]] = Shared(self._save)
+        # Two saves may be in flight: a page that ends while one is sent goes at once rather
+        # than waiting for that one's commit (docs/performance.md measures both).
+        self.saves: Shared[PageSave, tuple[bool, bool]] = Shared(self._save, in_flight=SAVES)
         self.beats: Shared[tuple[int, UUID], bool] = Shared(self._beat)
 
     async def save(self, page: PageSave) -> tuple[bool, bool]:

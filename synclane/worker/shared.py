@@ -23,31 +23,39 @@ class Shared(Generic[Request, Answer]):
         self,
         statement: Callable[[list[Request]], Awaitable[Sequence[Answer]]],
         unclaimed: Callable[[Answer], Awaitable[None]] | None = None,
+        in_flight: int = 1,
     ) -> None:
         """`unclaimed` receives an answer whose asker was cancelled while its statement ran
-        (a job taken for a slot that is gone must be handed back)."""
+        (a job taken for a slot that is gone must be handed back). `in_flight`: how many
+        statements may run at once; a request that comes while fewer run goes at once instead
+        of waiting for the one in flight (less waiting, a little less sharing)."""
         self.statement = statement
         self.unclaimed = unclaimed
+        self.in_flight = in_flight
         self._waiting: list[tuple[Request, asyncio.Future[Answer]]] = []
-        self._serving: asyncio.Task[None] | None = None
+        self._serving: set[asyncio.Task[None]] = set()
         self.statements = 0  # how many statements served how many requests: the sharing
         self.requests = 0
 
     async def ask(self, request: Request) -> Answer:
         future: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
         self._waiting.append((request, future))
-        if self._serving is None:
-            self._serving = asyncio.create_task(self._serve())
+        if len(self._serving) < self.in_flight and not self._starting:
+            self._starting = True
+            self._serving.add(asyncio.create_task(self._serve()))
         return await future
+
+    _starting = False  # a server is about to take the requests of this instant
 
     async def idle(self) -> None:
         """Wait until no statement is in flight."""
-        if self._serving is not None:
-            await asyncio.wait({self._serving})
+        while self._serving:
+            await asyncio.wait(set(self._serving))
 
     async def _serve(self) -> None:
         try:
             await asyncio.sleep(0)  # every slot whose page ended in this instant asks too
+            self._starting = False
             while self._waiting:
                 batch, self._waiting = self._waiting, []
                 self.statements += 1
@@ -65,9 +73,14 @@ class Shared(Generic[Request, Answer]):
                     elif self.unclaimed is not None:
                         await self.unclaimed(answer)
         except BaseException:
+            self._starting = False
             for _, future in self._waiting:  # cancelled itself: nobody may wait forever
                 future.cancel()
             self._waiting = []
             raise
         finally:
-            self._serving = None
+            # At once, not in a done callback: a request that comes after this loop saw no
+            # waiting must find this server gone and start another.
+            task = asyncio.current_task()
+            if task is not None:
+                self._serving.discard(task)
