@@ -15,19 +15,22 @@ import struct
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
-from urllib.parse import urlsplit, urlunsplit
+
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 
 class AnswerDropper:
     def __init__(self, dsn: str) -> None:
-        parts = urlsplit(dsn)
-        self._target = (parts.hostname or "127.0.0.1", parts.port or 5432)
+        params = conninfo_to_dict(dsn)
+        host = str(params.get("host") or "127.0.0.1").split(",")[0]
+        server_port = int(str(params.get("port") or 5432).split(",")[0])
+        # The server may listen on a Unix socket (the embedded one does): its path is the host.
+        self._target: str | tuple[str, int] = (
+            f"{host}/.s.PGSQL.{server_port}" if host.startswith("/") else (host, server_port)
+        )
         self._listener = socket.create_server(("127.0.0.1", 0))
         port = self._listener.getsockname()[1]
-        netloc = parts.netloc.rsplit("@", 1)
-        userinfo = netloc[0] + "@" if len(netloc) == 2 else ""
-        query = (parts.query + "&" if parts.query else "") + "sslmode=disable"
-        self.dsn = urlunsplit(parts._replace(netloc=f"{userinfo}127.0.0.1:{port}", query=query))
+        self.dsn = make_conninfo(dsn, host="127.0.0.1", port=port, sslmode="disable")
         self._lock = threading.Lock()
         self._marker: bytes | None = None
         self.dropped = 0
@@ -54,7 +57,7 @@ class AnswerDropper:
                 client, _ = self._listener.accept()
             except OSError:
                 return
-            server = socket.create_connection(self._target)
+            server = self._connect_upstream()
             doomed = threading.Event()
             threading.Thread(
                 target=self._upstream, args=(client, server, doomed), daemon=True
@@ -62,6 +65,13 @@ class AnswerDropper:
             threading.Thread(
                 target=self._downstream, args=(server, client, doomed), daemon=True
             ).start()
+
+    def _connect_upstream(self) -> socket.socket:
+        if isinstance(self._target, str):
+            server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            server.connect(self._target)
+            return server
+        return socket.create_connection(self._target)
 
     def _upstream(
         self, client: socket.socket, server: socket.socket, doomed: threading.Event

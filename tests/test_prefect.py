@@ -254,7 +254,9 @@ def test_artifact_keys_name_the_database_and_never_its_password(dsn: str, schema
     spellings of its DSN gets one; no key or label holds a password."""
     params = psycopg.conninfo.conninfo_to_dict(dsn)
     with_password = psycopg.conninfo.make_conninfo(dsn, password="s3cret-pw")  # trust ignores it
-    other_database = psycopg.conninfo.make_conninfo(dsn, dbname="postgres")
+    # Another database of the same server: the embedded server's tests already use "postgres".
+    other_name = "template1" if params.get("dbname", "postgres") == "postgres" else "postgres"
+    other_database = psycopg.conninfo.make_conninfo(dsn, dbname=other_name)
     identities = {}
     for name, where in (("test", dsn), ("password", with_password), ("other", other_database)):
         app = SyncLane(where, schema=schema, create_schema=False)
@@ -262,7 +264,7 @@ def test_artifact_keys_name_the_database_and_never_its_password(dsn: str, schema
         app.close()
     assert identities["test"] == identities["password"]
     assert identities["test"].database == params.get("dbname", "postgres")
-    assert identities["other"].database == "postgres"
+    assert identities["other"].database == other_name
     assert identities["other"].digest != identities["test"].digest
     for identity in identities.values():
         key = artifact_key(identity, "progress", "EU shops")
