@@ -15,7 +15,7 @@ from pathlib import Path
 
 import psycopg
 
-from bench import footprint, page, pages, plan, sdk, take, throughput, wakeup
+from bench import footprint, page, pages, plan, scale, sdk, take, throughput, wakeup
 from bench.common import bench_dsn
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "performance.md"
@@ -60,6 +60,7 @@ def main() -> None:
             ("The page", _page_smoke()),
             ("Worker footprint", footprint.main()),
             ("Notebook SDK", sdk.main(20_000, 2)),
+            ("Planning and retention at scale", scale.smoke()),
         ]
     else:
         sections = [

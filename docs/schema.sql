@@ -325,4 +325,45 @@ CREATE TABLE IF NOT EXISTS "synclane".workers (
 CREATE INDEX IF NOT EXISTS jobs_abandoned
     ON "synclane".jobs (queue) WHERE status = 'abandoned';
 
+-- Planning at scale ------------------------------------------------------------------------
+-- (synclane/rounds.py; docs/planning.md "Planning in the background" and docs/scaling.md)
+
+-- The owners each queue's owner source named when it was last reconciled, with the lane their
+-- jobs are planned into. A lane change moves the owner's open jobs and this row in one
+-- transaction, so that new jobs never join a lane the open ones have not moved to. An owner the
+-- source stopped naming is deleted here (its jobs stay); `planned` is false until its first plan.
+CREATE TABLE IF NOT EXISTS "synclane".owners (
+    queue text NOT NULL,
+    owner text NOT NULL,
+    lane text NOT NULL,
+    planned boolean NOT NULL DEFAULT false,
+    PRIMARY KEY (queue, owner)
+);
+
+-- The owners waiting for their first plan, found without reading the others.
+CREATE INDEX IF NOT EXISTS owners_unplanned ON "synclane".owners (queue, owner) WHERE NOT planned;
+
+-- Per queue and type: the period every owner was last planned for and the widest horizon it was
+-- planned with, so that a planning round reads no owner until a new period starts or the
+-- horizon widens; and how far a pass over the owners that is under way has come (pass_after,
+-- the last owner planned), so that a pass cut short continues where it stopped.
+CREATE TABLE IF NOT EXISTS "synclane".planned_types (
+    queue text NOT NULL,
+    type text NOT NULL,
+    period timestamptz,
+    horizon interval,
+    pass_period timestamptz,
+    pass_horizon interval,
+    pass_after text,
+    PRIMARY KEY (queue, type)
+);
+
+-- Per queue: when its owner source was last reconciled with the owners table, and when the
+-- queue was last pruned (its `retention` setting).
+CREATE TABLE IF NOT EXISTS "synclane".planner (
+    queue text PRIMARY KEY,
+    owners_reconciled_at timestamptz,
+    pruned_at timestamptz
+);
+
 INSERT INTO "synclane".schema_version (version) VALUES (3) ON CONFLICT DO NOTHING;

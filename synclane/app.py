@@ -17,7 +17,7 @@ from synclane.connection import Database, check_dsn, redact
 from synclane.errors import DatabaseUnavailable, OwnerSourceError, SchemaError
 from synclane.events import Listener
 from synclane.model import ConfigError, Owner, QueueSettings, Rate, check_name, to_duration
-from synclane.operations import REQUEUE_STATUSES, Operations
+from synclane.operations import REQUEUE_STATUSES, Operations, check_conn
 from synclane.owners import connected_owners
 from synclane.planner import Planner
 from synclane.queues import Catalog, Queue
@@ -124,13 +124,18 @@ class SyncLane(Reads):
         lane_width: int = 1,
         max_running: int | None = None,
         lane_rate: Rate | tuple[int, timedelta | float] | None = None,
+        owners_interval: timedelta | float = timedelta(minutes=5),
+        retention: timedelta | float | None = None,
     ) -> Queue:
         """Declare a queue: its types and handlers are declared on the object returned.
 
         `lane_width`: at most this many jobs of one lane run at once, across every process.
         `max_running`: at most this many jobs of the queue run at once, across every process.
         `lane_rate`: at most this many page starts per lane per period, e.g. (2, 1) for two a
-        second (docs/flow-control.md)."""
+        second (docs/flow-control.md). `owners_interval`: how often a worker's planner reads
+        the owner source to its end (what is due is planned every `plan_interval`).
+        `retention`: keep finished rows this long; the elected planner prunes older ones
+        (see prune(), docs/scaling.md)."""
         check_name("queue name", name)
         try:
             settings = QueueSettings(
@@ -144,6 +149,8 @@ class SyncLane(Reads):
                 lane_width=lane_width,
                 max_running=max_running,
                 lane_rate=lane_rate,  # type: ignore[arg-type]
+                owners_interval=owners_interval,  # type: ignore[arg-type]
+                retention=retention,  # type: ignore[arg-type]
             )
         except ConfigError as error:
             raise ConfigError(f"queue {name!r}: {error}") from None
@@ -183,14 +190,42 @@ class SyncLane(Reads):
         owner: Owner | str | None = None,
         horizon: timedelta | float | None = None,
         type: str | None = None,
+        *,
+        conn: psycopg.Connection[Any] | None = None,
     ) -> dict[str, int]:
         """Insert the jobs that should exist and do not; returns how many per queue.
 
         `owner` plans one owner now (an Owner is used as given; a str is looked up in the
         owner source). `horizon` widens the history of windowed types for this call only (a
-        backfill); `type` limits the call to one type."""
+        backfill); `type` limits the call to one type. `conn`: run on this psycopg connection,
+        inside its transaction: the jobs commit or roll back with it."""
         wider = None if horizon is None else to_duration("horizon", horizon)
-        return self._planner.plan(queue, owner, wider, type)
+        return self._planner.plan(queue, owner, wider, type, conn=check_conn(conn, sync=True))
+
+    async def plan_async(
+        self,
+        queue: str | None = None,
+        owner: Owner | str | None = None,
+        horizon: timedelta | float | None = None,
+        type: str | None = None,
+        *,
+        conn: psycopg.AsyncConnection[Any] | None = None,
+    ) -> dict[str, int]:
+        """plan() for async code; `conn` is a psycopg.AsyncConnection whose transaction the
+        jobs join."""
+        wider = None if horizon is None else to_duration("horizon", horizon)
+        checked = check_conn(conn, sync=False)
+        return await self._planner.plan_async(queue, owner, wider, type, conn=checked)
+
+    def prune(
+        self, queue: str | None = None, older_than: timedelta | float = timedelta(days=30)
+    ) -> int:
+        """Delete finished rows older than `older_than` that nothing needs any more (of this
+        queue, or of every declared one); returns how many. Open jobs, jobs waiting for a human,
+        initial slices and every row planning, coverage() and progress() read are kept
+        (docs/operations.md, "Retention")."""
+        limit = to_duration("older_than", older_than, allow_zero=True)
+        return self._planner.prune(queue, limit)
 
     def connected_owners(self, queue: str) -> list[Owner]:
         """Ask the queue's owner source who is connected now."""
@@ -207,11 +242,46 @@ class SyncLane(Reads):
         window_start: datetime | None = None,
         window_end: datetime | None = None,
         dedup_key: str | None = None,
+        *,
+        conn: psycopg.Connection[Any] | None = None,
     ) -> int:
         """Add one job by hand (mode 'manual') and return its id. With a dedup_key a second call
-        returns the first job's id instead of adding another."""
+        returns the first job's id instead of adding another. `conn`: run on this psycopg
+        connection, inside its transaction: the job commits or rolls back with it."""
         return self._operations.enqueue(
-            queue, owner, type, lane, window_start, window_end, dedup_key
+            queue,
+            owner,
+            type,
+            lane,
+            window_start,
+            window_end,
+            dedup_key,
+            conn=check_conn(conn, sync=True),
+        )
+
+    async def enqueue_async(
+        self,
+        queue: str,
+        owner: str,
+        type: str,
+        lane: str | None = None,
+        window_start: datetime | None = None,
+        window_end: datetime | None = None,
+        dedup_key: str | None = None,
+        *,
+        conn: psycopg.AsyncConnection[Any] | None = None,
+    ) -> int:
+        """enqueue() for async code; `conn` is a psycopg.AsyncConnection whose transaction the
+        job joins."""
+        return await self._operations.enqueue_async(
+            queue,
+            owner,
+            type,
+            lane,
+            window_start,
+            window_end,
+            dedup_key,
+            conn=check_conn(conn, sync=False),
         )
 
     def requeue(
@@ -289,16 +359,13 @@ class SyncLane(Reads):
         handed back at once); a stop asked for (a signal, `.stop()`) abandons it at once."""
         from synclane.worker import Worker
 
-        def plan(name: str) -> int:
-            return self.plan(name).get(name, 0)
-
         return Worker(
             self.database,
             self.catalog.pick(queues),
             name=self.worker_name,
             poll_interval=self.poll_interval,
             plan_interval=self.plan_interval,
-            plan=plan,
+            plan=self._planner.round,
             stop_after=stop_after,
             until_idle=until_idle,
             idle_grace=idle_grace,

@@ -285,6 +285,15 @@ def cmd_resume(args: argparse.Namespace, term: Terminal) -> int:
     return 0
 
 
+def cmd_prune(args: argparse.Namespace, term: Terminal) -> int:
+    app = cli_args.load_app(args)
+    queue = cli_args.queues(app, args.queue, one=True)[0] if args.queue else None
+    deleted = app.prune(queue, older_than=timedelta(days=args.older_than_days))
+    where = f" in queue {queue}" if queue else ""
+    term.say(f"pruned {deleted} finished row(s) older than {args.older_than_days:g} day(s){where}")
+    return 0
+
+
 def cmd_dashboard(args: argparse.Namespace, term: Terminal) -> int:
     from synclane import dashboard
 
@@ -637,6 +646,21 @@ def parser() -> argparse.ArgumentParser:
     )
     resume.add_argument(
         "--queue", type=name("--queue"), help="the queue (needed when the app has several)"
+    )
+    prune = command(
+        "prune",
+        cmd_prune,
+        "delete finished rows older than N days that nothing needs any more (docs/operations.md)",
+        "synclane --app mysync.app:app prune --older-than-days 30",
+        "synclane --app mysync.app:app prune --queue shops --older-than-days 7",
+    )
+    prune.add_argument("--queue", type=name("--queue"), help="only this queue")
+    prune.add_argument(
+        "--older-than-days",
+        type=cli_args.days,
+        required=True,
+        metavar="N",
+        help="keep what finished within the last N days",
     )
 
     page = command(

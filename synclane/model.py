@@ -289,6 +289,10 @@ class QueueSettings:
     lane_width: int = 1
     max_running: int | None = None
     lane_rate: Rate | None = None
+    # How often the elected planner reads the owner source to its end (planning what is due
+    # runs every plan_interval), and how long finished rows are kept (None: for ever).
+    owners_interval: timedelta = timedelta(minutes=5)
+    retention: timedelta | None = None
 
     def __post_init__(self) -> None:
         for name in ("concurrency", "max_attempts", "lane_width"):
@@ -311,8 +315,11 @@ class QueueSettings:
             "retry_max_delay",
             "throttle_base_delay",
             "throttle_max_delay",
+            "owners_interval",
         ):
             object.__setattr__(self, name, to_duration(name, getattr(self, name)))
+        if self.retention is not None:
+            object.__setattr__(self, "retention", to_duration("retention", self.retention))
         if self.lease_duration < timedelta(seconds=1):
             raise ConfigError(
                 f"lease_duration={self.lease_duration} is too short to renew in time; use >= 1 s"

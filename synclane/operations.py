@@ -6,6 +6,7 @@ its statements of sql/operations.sql on the app's shared connection.
 
 from __future__ import annotations
 
+import asyncio
 import getpass
 import logging
 import re
@@ -19,9 +20,9 @@ import psycopg
 from synclane.connection import Database
 from synclane.errors import storable
 from synclane.model import ConfigError, Rate, check_aware, check_name, unstorable
-from synclane.owners import connected_owners
+from synclane.owners import owner_batches
 from synclane.queues import Catalog, Queue
-from synclane.wakeup import channel
+from synclane.steps import Blocking, Fetch, Steps, run, run_async
 
 log = logging.getLogger("synclane")
 
@@ -48,7 +49,48 @@ class Operations:
         window_start: datetime | None = None,
         window_end: datetime | None = None,
         dedup_key: str | None = None,
+        *,
+        conn: psycopg.Connection[Any] | None = None,
     ) -> int:
+        steps = self._enqueue_steps(queue, owner, type, lane, window_start, window_end, dedup_key)
+        if conn is not None:
+            self.database.check_schema()
+            return run(conn, self.database.store, steps, caller=True)
+        with self.database.connection() as shared:
+            return run(shared, self.database.store, steps)
+
+    async def enqueue_async(
+        self,
+        queue: str,
+        owner: str,
+        type: str,
+        lane: str | None = None,
+        window_start: datetime | None = None,
+        window_end: datetime | None = None,
+        dedup_key: str | None = None,
+        *,
+        conn: psycopg.AsyncConnection[Any] | None = None,
+    ) -> int:
+        if conn is None:
+            return await asyncio.to_thread(
+                self.enqueue, queue, owner, type, lane, window_start, window_end, dedup_key
+            )
+        steps = self._enqueue_steps(queue, owner, type, lane, window_start, window_end, dedup_key)
+        await asyncio.to_thread(self.database.check_schema)
+        return await run_async(conn, self.database.store, steps, caller=True)
+
+    def _enqueue_steps(
+        self,
+        queue: str,
+        owner: str,
+        type: str,
+        lane: str | None,
+        window_start: datetime | None,
+        window_end: datetime | None,
+        dedup_key: str | None,
+    ) -> Steps[int]:
+        """Checks the arguments at once (a ConfigError, nothing written), and returns the steps
+        that add the job."""
         q = self.catalog.get(queue)
         job_type = q.job_type(type)
         check_name("owner", owner)
@@ -65,53 +107,53 @@ class Operations:
                     f"dedup_key {dedup_key!r}: keys starting with 'initial' or 'recurring:' "
                     "belong to the planner; choose another prefix, e.g. 'manual:...'"
                 )
-        with self.database.connection() as conn:
-            if window_end is not None:
-                self._refuse_the_future(conn, window_end)
-            if lane is None:
-                lane = self._lane_of(q, owner, conn)
-            params = {
-                "queue": q.name,
-                "owner": owner,
-                "lane": lane,
-                "type": job_type.name,
-                "priority": job_type.priority,
-                "window_start": window_start,
-                "window_end": window_end,
-                "dedup_key": dedup_key,
-                "channel": channel(self.database.schema),  # a due job wakes idle workers
-            }
-            store = self.database.store
-            row = conn.execute(store.query("enqueue_job"), params).fetchone()
-            if row is None:  # the dedup key names an existing job: return it
-                row = conn.execute(store.query("job_by_dedup_key"), params).fetchone()
-                assert row is not None, "a dedup conflict names an existing row"
-        job_id: int = row[0]
+        params = {
+            "queue": q.name,
+            "owner": owner,
+            "lane": lane,
+            "type": job_type.name,
+            "priority": job_type.priority,
+            "window_start": window_start,
+            "window_end": window_end,
+            "dedup_key": dedup_key,
+        }
+        return self._enqueue(q, params)
+
+    def _enqueue(self, queue: Queue, params: dict[str, Any]) -> Steps[int]:
+        if params["window_end"] is not None:
+            (row,) = yield Fetch("database_now")
+            _refuse_the_future(params["window_end"], row["now"])
+        if params["lane"] is None:
+            params["lane"] = yield from self._lane_of(queue, params["owner"])
+        rows = yield Fetch("enqueue_job", params)  # a due job wakes idle workers on commit
+        if not rows:  # the dedup key names an existing job: return it
+            rows = yield Fetch("job_by_dedup_key", params)
+            assert rows, "a dedup conflict names an existing row"
+        job_id: int = rows[0]["id"]
         return job_id
 
-    def _refuse_the_future(self, conn: psycopg.Connection[Any], window_end: datetime) -> None:
-        """A window covers time that has passed: coverage ends where its newest window ends, so
-        an end in the future would stop refreshes until then and leave what arrives meanwhile
-        unloaded (docs/planning.md)."""
-        row = conn.execute(self.database.store.query("database_now")).fetchone()
-        assert row is not None
-        if window_end > row[0]:
-            raise ConfigError(
-                f"window_end={window_end.isoformat()} is in the future (the database's clock "
-                f"says {row[0].isoformat()}); a window can only cover time that has passed: end "
-                "it now or earlier, and the next refresh picks up from there"
-            )
-
-    def _lane_of(self, queue: Queue, owner: str, conn: psycopg.Connection[Any]) -> str:
-        """An owner's lane: the owner source's word, else its newest job's, else its id."""
+    def _lane_of(self, queue: Queue, owner: str) -> Steps[str]:
+        """An owner's lane: the one the owners table plans its jobs into (where its open jobs
+        are), else the owner source's word, else its newest job's, else its id."""
+        params = {"queue": queue.name, "owner": owner}
+        rows = yield Fetch("owner_lane_known", params)
+        if rows:
+            known: str = rows[0]["lane"]
+            return known
         if queue.owner_source is not None:
-            timeout = self.owners_timeout.total_seconds()
-            for candidate in connected_owners(queue, timeout):
+            said = yield Blocking(lambda: self._source_lane(queue, owner))
+            if said is not None:
+                return str(said)
+        rows = yield Fetch("owner_lane", params)
+        return owner if not rows else str(rows[0]["lane"])
+
+    def _source_lane(self, queue: Queue, owner: str) -> str | None:
+        """The lane the owner source gives this owner; stops reading it once found."""
+        for batch in owner_batches(queue, self.owners_timeout.total_seconds()):
+            for candidate in batch:
                 if candidate.id == owner:
                     return candidate.lane_key
-        params = {"queue": queue.name, "owner": owner}
-        row = conn.execute(self.database.store.query("owner_lane"), params).fetchone()
-        return owner if row is None else str(row[0])
+        return None
 
     def requeue(
         self,
@@ -151,7 +193,6 @@ class Operations:
             "ids": job_ids,
             "cause": cause,
             "cause_id": cause_id,
-            "channel": channel(self.database.schema),  # due jobs wake idle workers
         }
         requeued = self._changing("requeue_jobs", params)
         if requeued:
@@ -249,6 +290,37 @@ def default_author() -> str:
     except Exception:  # no user name (a container without one)
         user = "unknown"
     return f"{user}@{socket.gethostname()}"
+
+
+def _refuse_the_future(window_end: datetime, now: datetime) -> None:
+    """A window covers time that has passed: coverage ends where its newest window ends, so an
+    end in the future would stop refreshes until then and leave what arrives meanwhile unloaded
+    (docs/planning.md)."""
+    if window_end > now:
+        raise ConfigError(
+            f"window_end={window_end.isoformat()} is in the future (the database's clock says "
+            f"{now.isoformat()}); a window can only cover time that has passed: end it now or "
+            "earlier, and the next refresh picks up from there"
+        )
+
+
+def check_conn(conn: object, *, sync: bool) -> Any:
+    """The caller's connection for `conn=`: None, or an open psycopg 3 connection of the kind
+    the call runs on (a Connection for plan/enqueue, an AsyncConnection for their async twins)."""
+    if conn is None:
+        return None
+    kind: type[Any] = psycopg.Connection if sync else psycopg.AsyncConnection
+    if not isinstance(conn, kind):
+        hint = ""
+        if isinstance(conn, psycopg.Connection | psycopg.AsyncConnection):
+            twin = "plan_async()/enqueue_async()" if sync else "plan()/enqueue()"
+            hint = f"; a psycopg.{type(conn).__name__} goes to {twin}"
+        raise ConfigError(
+            f"conn must be a psycopg.{kind.__name__} (psycopg 3), got {type(conn).__name__}{hint}"
+        )
+    if conn.closed:
+        raise ConfigError("conn is closed: pass an open psycopg connection")
+    return conn
 
 
 def job_id_list(ids: object) -> list[int]:

@@ -1,9 +1,15 @@
-"""Asking a queue's owner source who is connected.
+"""Asking a queue's owner source who is connected, and keeping the owners table in step.
 
 The source is user code: it may be slow, hang, raise, or return something that is not a list
 of owners, and one of a million accounts may have an id PostgreSQL cannot store. It runs in a
-thread of its own (synclane.bridge) under `owners_timeout`; owners it names badly are left out
-with one logged line; the rest are planned.
+thread of its own (synclane.bridge) under `owners_timeout`, and is read in batches so that
+memory stays bounded whatever its length; owners it names badly are left out with one logged
+line; the rest are planned.
+
+The owners table (sql/schema.sql) records the owners the source named and the lane each one's
+jobs are planned into. `admit` registers a batch of owners; when an owner's lane changed it moves
+the owner's open jobs to the new lane in the same statement, and the running-lane index decides
+whether that can happen now (docs/planning.md, "When an owner changes lanes").
 """
 
 from __future__ import annotations
@@ -11,13 +17,18 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from datetime import timedelta
+from functools import partial
 from typing import Any
+
+import psycopg
 
 from synclane.bridge import batches_in_thread
 from synclane.errors import OwnerSourceError, error_text
 from synclane.model import ConfigError, Owner
 from synclane.queues import Queue
+from synclane.steps import Atomic, Execute, Fetch, Steps
 
 log = logging.getLogger("synclane")
 
@@ -152,3 +163,72 @@ class _Refusals:
                 self.count,
                 self.first,
             )
+
+
+# -- the owners table -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Known:
+    """What the owners table says of one owner: the lane its jobs are planned into, and whether
+    it had its first plan."""
+
+    lane: str
+    planned: bool
+
+
+def admit(queue: str, owners: list[Owner]) -> Steps[dict[str, Known]]:
+    """Register these owners in the lanes the source gives them, moving the open jobs of those
+    whose lane changed; returns what the table knows of each afterwards. An owner whose move the
+    running-lane index refuses (its new lane runs a job, and so does one of its own) keeps its old
+    lane until a later call moves it; a new one is registered in the lane its running job holds."""
+    ids = [o.id for o in owners]
+    rows = yield Fetch("known_owners", {"queue": queue, "owners": ids})
+    known = {r["owner"]: Known(r["lane"], r["planned"]) for r in rows}
+    changed = sorted(
+        (o for o in owners if o.id not in known or known[o.id].lane != o.lane_key),
+        key=lambda o: o.id,
+    )
+    if not changed:
+        return known
+    try:
+        moved = yield Atomic(lambda: _admit(queue, changed))
+        admitted = changed
+    except psycopg.errors.UniqueViolation:
+        # One owner's new lane is busy: the others move now, one by one.
+        moved, admitted = 0, []
+        for owner in changed:
+            try:
+                count = yield Atomic(partial(_admit, queue, [owner]))
+                moved += count
+                admitted.append(owner)
+            except psycopg.errors.UniqueViolation:
+                params = {"queue": queue, "owner": owner.id}
+                if owner.id not in known:
+                    yield Execute("admit_owner_where_it_runs", params)
+                log.info(
+                    "queue %s: owner %s moves to lane %s once its running job or the lane's "
+                    "ends (the lane runs a job now); until then its jobs stay where they are",
+                    queue,
+                    owner.id,
+                    owner.lane_key,
+                )
+        rows = yield Fetch("known_owners", {"queue": queue, "owners": [o.id for o in changed]})
+        known.update({r["owner"]: Known(r["lane"], r["planned"]) for r in rows})
+    for owner in admitted:
+        previous = known.get(owner.id)
+        known[owner.id] = Known(owner.lane_key, previous is not None and previous.planned)
+    if moved:
+        log.info("queue %s: moved %d open job(s) to their owners' new lanes", queue, moved)
+    return known
+
+
+def _admit(queue: str, owners: list[Owner]) -> Steps[int]:
+    params = {
+        "queue": queue,
+        "owners": [o.id for o in owners],
+        "lanes": [o.lane_key for o in owners],
+    }
+    (row,) = yield Fetch("admit_owners", params)
+    moved: int = row["moved"]
+    return moved

@@ -1,36 +1,44 @@
-"""The planner against the database: read what exists, let synclane.planning say what is
-missing, insert it.
+"""The planner: `app.plan()`, a worker's planning round, and `app.prune()`.
 
-For each batch of owners one SERIALIZABLE transaction holds one read (`plan_read`) and one
-insert (`insert_jobs`, ON CONFLICT DO NOTHING). Planners that run at the same instant are kept
-apart by the dedup index; planners whose read and insert straddle a period edge or midnight
-(so that their keys differ) by serializable isolation, which makes one of them read again.
-Rows are inserted in one stable order, so that two planners never lock keys in opposite
-orders; a deadlock or a serialization failure PostgreSQL reports anyway is retried.
+- `Planner.plan()` (`app.plan()`) compares what should exist with what exists for every owner
+  the source names (or the one owner asked for) and inserts the difference, reading the source
+  in batches (synclane.batches: one serializable read and insert per batch). With `conn=` it runs
+  in the caller's transaction instead.
+- `Planner.round(queue)` is what a worker runs every `plan_interval`: only one process plans a
+  queue at a time (a transaction advisory lock the others do not wait for), and the round plans
+  only what is due (synclane.rounds).
+- `Planner.prune()` deletes finished rows nothing needs any more (synclane.pruning).
+
+docs/planning.md explains the rules and the round; docs/operations.md the retention.
 """
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
-from psycopg.rows import dict_row
 
-from synclane import planning
+from synclane.batches import BATCH, plan_steps, retrying
 from synclane.connection import Database
 from synclane.errors import OwnerSourceError
 from synclane.model import ConfigError, JobType, Owner, WindowedType, check_name, check_slices
-from synclane.owners import connected_owners, owner_batches
+from synclane.owners import owner_batches
+from synclane.pruning import prune_queue
 from synclane.queues import Catalog, Queue
+from synclane.rounds import Round
+from synclane.steps import Steps, run, run_async
 
 log = logging.getLogger("synclane")
 
-# How often a plan of one batch is tried when PostgreSQL asks to try again.
-ATTEMPTS = 10
-RETRY = (psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected)
+T = TypeVar("T")
+
+OwnerArg = Owner | str | None
 
 
 class Planner:
@@ -41,29 +49,30 @@ class Planner:
         self.catalog = catalog
         self.owners_timeout = owners_timeout
 
+    @property
+    def timeout_seconds(self) -> float:
+        """owners_timeout in seconds, as the owner source reader takes it."""
+        return self.owners_timeout.total_seconds()
+
+    # -- app.plan(): compare everything --------------------------------------------------------
+
     def plan(
         self,
         queue: str | None = None,
-        owner: Owner | str | None = None,
+        owner: OwnerArg = None,
         horizon: timedelta | None = None,
         type: str | None = None,
+        conn: psycopg.Connection[Any] | None = None,
     ) -> dict[str, int]:
         """Insert the jobs that should exist and do not; returns how many per queue."""
-        if owner is not None and queue is None:
-            raise ConfigError(
-                "planning one owner needs its queue too, e.g. app.plan('shops', owner)"
-            )
-        queues = self.catalog.pick(queue)
-        if horizon is not None:
-            for q in queues:
-                for job_type in q.types.values():
-                    if isinstance(job_type, WindowedType) and type in (None, job_type.name):
-                        check_slices(f"{q.name}.{job_type.name}", horizon, job_type.slice)
+        queues = self._queues(queue, owner, horizon, type)
+        if conn is not None:
+            self.database.check_schema()  # once per app: a clear SchemaError, not a raw one
         added: dict[str, int] = {}
         failed: list[OwnerSourceError] = []
         for q in queues:
             try:
-                added[q.name] = self.plan_queue(q, owner, horizon, type)
+                added[q.name] = self.plan_queue(q, owner, horizon, type, conn)
             except OwnerSourceError as error:
                 if queue is not None:
                     raise
@@ -76,26 +85,94 @@ class Planner:
             )
         return added
 
-    def plan_queue(
-        self, queue: Queue, owner: Owner | str | None, horizon: timedelta | None, type: str | None
+    async def plan_async(
+        self,
+        queue: str | None = None,
+        owner: OwnerArg = None,
+        horizon: timedelta | None = None,
+        type: str | None = None,
+        conn: psycopg.AsyncConnection[Any] | None = None,
+    ) -> dict[str, int]:
+        """plan() for code that runs an event loop: on an async connection of the caller's,
+        inside its transaction, or (without one) in a thread. Owner sources run in a thread, so
+        the loop never waits on them."""
+        if conn is None:
+            return await asyncio.to_thread(self.plan, queue, owner, horizon, type)
+        queues = self._queues(queue, owner, horizon, type)
+        await asyncio.to_thread(self.database.check_schema)
+        added: dict[str, int] = {}
+        failed: list[OwnerSourceError] = []
+        for q in queues:
+            try:
+                added[q.name] = await self._plan_queue_async(q, owner, horizon, type, conn)
+            except OwnerSourceError as error:
+                if queue is not None:
+                    raise
+                log.error("%s", error)
+                failed.append(error)
+        if failed:
+            raise OwnerSourceError(
+                "; ".join(str(error) for error in failed) + f" (planned: {added})", added
+            )
+        return added
+
+    async def _plan_queue_async(
+        self,
+        queue: Queue,
+        owner: OwnerArg,
+        horizon: timedelta | None,
+        type: str | None,
+        conn: psycopg.AsyncConnection[Any],
     ) -> int:
-        types = [queue.job_type(type)] if type is not None else list(queue.types.values())
+        types = self._types(queue, type)
         if not types:
             return 0
-        timeout = self.owners_timeout.total_seconds()
-        if isinstance(owner, Owner):
-            batches: Any = [[owner.check()]]
-        elif owner is not None:
-            check_name("owner", owner)
-            # An owner that is not connected (any more) gets nothing planned.
-            batches = [[o for o in connected_owners(queue, timeout) if o.id == owner]]
-        else:
-            batches = owner_batches(queue, timeout)
-        added = planned = 0
-        for batch in batches:
+        batches = await asyncio.to_thread(lambda: iter(self._batches(queue, owner)))
+        added = 0
+        while (batch := await asyncio.to_thread(next, batches, None)) is not None:
             if batch:
-                added += self._plan_batch(queue, batch, types, horizon)
-                planned += len(batch)
+                steps = plan_steps(queue, batch, types, horizon, whole=type is None)
+                added += await run_async(conn, self.database.store, steps, caller=True)
+        return added
+
+    def _queues(
+        self, queue: str | None, owner: OwnerArg, horizon: timedelta | None, type: str | None
+    ) -> list[Queue]:
+        if owner is not None and queue is None:
+            raise ConfigError(
+                "planning one owner needs its queue too, e.g. app.plan('shops', owner)"
+            )
+        queues = self.catalog.pick(queue)
+        if horizon is not None:
+            for q in queues:
+                for job_type in q.types.values():
+                    if isinstance(job_type, WindowedType) and type in (None, job_type.name):
+                        check_slices(f"{q.name}.{job_type.name}", horizon, job_type.slice)
+        for q in queues:
+            self._types(q, type)
+        return queues
+
+    @staticmethod
+    def _types(queue: Queue, type: str | None) -> list[JobType]:
+        return [queue.job_type(type)] if type is not None else list(queue.types.values())
+
+    def plan_queue(
+        self,
+        queue: Queue,
+        owner: OwnerArg,
+        horizon: timedelta | None,
+        type: str | None,
+        conn: psycopg.Connection[Any] | None = None,
+    ) -> int:
+        types = self._types(queue, type)
+        if not types:
+            return 0
+        added = planned = 0
+        for batch in self._batches(queue, owner):
+            if not batch:
+                continue
+            added += self._plan_batch(queue, batch, types, horizon, type is None, conn)
+            planned += len(batch)
         if added:
             log.info(
                 "planned %d new job(s) in queue %s for %d owner(s)", added, queue.name, planned
@@ -103,80 +180,96 @@ class Planner:
         return added
 
     def _plan_batch(
-        self, queue: Queue, owners: list[Owner], types: list[JobType], horizon: timedelta | None
+        self,
+        queue: Queue,
+        batch: list[Owner],
+        types: list[JobType],
+        horizon: timedelta | None,
+        whole: bool,
+        conn: psycopg.Connection[Any] | None,
     ) -> int:
-        for attempt in range(1, ATTEMPTS + 1):
+        def steps() -> Steps[int]:
+            return plan_steps(queue, batch, types, horizon, whole=whole)
+
+        if conn is not None:
+            # The caller's transaction: what PostgreSQL rolls back there is the caller's to retry.
+            return run(conn, self.database.store, steps(), caller=True)
+        return retrying(lambda: self._on_shared(steps))
+
+    def _on_shared(self, steps: Callable[[], Steps[T]]) -> T:
+        with self.database.connection() as conn:
+            return run(conn, self.database.store, steps())
+
+    def _batches(self, queue: Queue, owner: OwnerArg) -> Iterable[list[Owner]]:
+        if isinstance(owner, Owner):
+            return [[owner.check()]]
+        if owner is not None:
+            check_name("owner", owner)
+            # An owner that is not connected (any more) gets nothing planned.
+            return [self._connected(queue, owner)]
+        return owner_batches(queue, self.timeout_seconds, BATCH)
+
+    def _connected(self, queue: Queue, owner: str) -> list[Owner]:
+        """The owner of this id as the source names it, or nothing; stops reading the source
+        once it is found."""
+        for batch in owner_batches(queue, self.timeout_seconds, BATCH):
+            for candidate in batch:
+                if candidate.id == owner:
+                    return [candidate]
+        return []
+
+    # -- a worker's round: plan what is due ----------------------------------------------------
+
+    def round(self, queue_name: str) -> int | None:
+        """One planning round of a queue: reconcile its owners when its `owners_interval` has
+        passed, plan what is due, prune when its `retention` asks. Returns how many jobs were
+        added, or None when another process is planning this queue now (this round is skipped,
+        not waited for)."""
+        queue = self.catalog.get(queue_name)
+        if not queue.types or queue.owner_source is None:
+            return 0
+        with self._round_connections() as (lock, work):
+            row = lock.execute(
+                self.database.store.query("plan_lock"), {"key": lock_key(self.database, queue)}
+            ).fetchone()
+            if row is None or not row[0]:
+                return None
+            return Round(self.database, queue, work, self.timeout_seconds).run()
+
+    @contextmanager
+    def _round_connections(
+        self,
+    ) -> Iterator[tuple[psycopg.Connection[Any], psycopg.Connection[Any]]]:
+        """A connection whose open transaction holds the round's lock (it reads nothing after
+        taking it, so it holds back no vacuum), and one for the round's work."""
+        lock = self.database.connect()
+        try:
+            lock.autocommit = False
+            work = self.database.connect()
             try:
-                with self.database.connection() as conn:
-                    return plan_owners(conn, self.database, queue, owners, types, horizon)
-            except RETRY:
-                # Another planner wrote what we read in the same instant; read again.
-                if attempt == ATTEMPTS:
-                    raise
-        raise AssertionError("unreachable")
+                yield lock, work
+            finally:
+                work.close()
+        finally:
+            lock.close()
+
+    # -- retention ---------------------------------------------------------------------------
+
+    def prune(self, queue: str | None, older_than: timedelta) -> int:
+        """Delete the finished rows older than `older_than` that nothing reads any more."""
+        queues = self.catalog.pick(queue)
+        self.database.check_schema()
+        deleted = 0
+        conn = self.database.connect()
+        try:
+            for q in queues:
+                deleted += prune_queue(self.database, conn, q, older_than)
+        finally:
+            conn.close()
+        return deleted
 
 
-def plan_owners(
-    conn: psycopg.Connection[Any],
-    database: Database,
-    queue: Queue,
-    owners: Sequence[Owner],
-    types: Sequence[JobType],
-    horizon: timedelta | None,
-) -> int:
-    """One read and one insert for these owners, in a serializable transaction of its own."""
-    store = database.store
-    by_id = {o.id: o for o in owners}
-    with conn.transaction():
-        conn.execute("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE")
-        with conn.cursor(row_factory=dict_row) as cur:
-            rows = cur.execute(
-                store.query("plan_read"),
-                {
-                    "queue": queue.name,
-                    "owners": list(by_id),
-                    "types": [t.name for t in types],
-                    "windowed": [isinstance(t, WindowedType) for t in types],
-                },
-            ).fetchall()
-        missing: list[planning.NewJob] = []
-        for row in rows:
-            existing = planning.Existing(
-                oldest_initial_start=row["oldest_initial_start"],
-                coverage_end=row["coverage_end"],
-                coverage_mode=row["coverage_mode"],
-                initial_created_at=row["initial_created_at"],
-                last_created_at=row["last_created_at"],
-                open_recurring=row["open_recurring"],
-                open_any=row["open_any"],
-            )
-            job_type = queue.types[row["type"]]
-            missing += planning.missing_jobs(
-                job_type, by_id[row["owner"]], existing, row["now"], horizon
-            )
-        return insert_jobs(conn, database, queue.name, missing)
-
-
-def insert_jobs(
-    conn: psycopg.Connection[Any], database: Database, queue: str, jobs: list[planning.NewJob]
-) -> int:
-    """One insert; returns how many rows were new. Rows go in in one order (owner, type, key),
-    so that concurrent planners take the dedup index's locks in the same order."""
-    if not jobs:
-        return 0
-    jobs = sorted(jobs, key=lambda j: (j.owner, j.type, j.dedup_key))
-    cur = conn.execute(
-        database.store.query("insert_jobs"),
-        {
-            "queue": queue,
-            "owners": [j.owner for j in jobs],
-            "lanes": [j.lane for j in jobs],
-            "types": [j.type for j in jobs],
-            "modes": [j.mode for j in jobs],
-            "priorities": [j.priority for j in jobs],
-            "starts": [j.window_start for j in jobs],
-            "ends": [j.window_end for j in jobs],
-            "keys": [j.dedup_key for j in jobs],
-        },
-    )
-    return cur.rowcount
+def lock_key(database: Database, queue: Queue) -> int:
+    """The advisory lock of one queue's planning in one schema: 64 bits of a hash of both."""
+    digest = hashlib.sha256(f"synclane plan\0{database.schema}\0{queue.name}".encode()).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)

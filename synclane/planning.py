@@ -13,6 +13,11 @@ from datetime import UTC, datetime, timedelta
 from synclane.model import JobType, Mode, Owner, SnapshotType, WindowedType
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+# The most slices one refresh call cuts a gap into. A gap longer than that (a year-long outage in
+# slices of 15 minutes would be 35,040 jobs) is loaded this many slices at a time, oldest first:
+# while they are open no further refresh is added, and the next one starts where they end, so no
+# time is skipped and no owner floods the table in one call.
+MAX_REFRESH_SLICES = 1_000
 
 
 @dataclass(frozen=True)
@@ -128,9 +133,17 @@ def _windowed(
         return jobs
     period = iso(period_began)
     pieces: list[tuple[datetime, datetime]] = []
-    while start + job_type.slice < now:
+    while start + job_type.slice < now and len(pieces) < MAX_REFRESH_SLICES:
         pieces.append((start, start + job_type.slice))
         start += job_type.slice
+    if start + job_type.slice < now:
+        # Capped: the oldest slices of the gap only, none ending now. Their keys name their
+        # starts, so that the next part of the gap, planned in this same period once these are
+        # done, gets keys of its own.
+        for piece_start, piece_end in pieces:
+            key = f"recurring:{period}:{iso(piece_start)}"
+            jobs.append(_job(job_type, owner, "recurring", key, piece_start, piece_end))
+        return jobs
     pieces.append((start, now))
     for number, (piece_start, piece_end) in enumerate(pieces, start=1):
         key = f"recurring:{period}" if number == len(pieces) else f"recurring:{period}:{number}"

@@ -6,6 +6,7 @@ and checks the schema (sql/schema.sql) and knows nothing of handlers or owners."
 
 from __future__ import annotations
 
+import hashlib
 import re
 from importlib import resources
 from typing import Any
@@ -63,10 +64,28 @@ QUERIES = _load_all()
 SCHEMA_SQL = _read("schema.sql")
 
 
+# PostgreSQL refuses channel names of 64 bytes or more.
+_CHANNEL_BYTES = 63
+
+
+def channel(schema: str) -> str:
+    """The channel a schema's workers LISTEN on: 'synclane.<schema>', or 'synclane.<md5 of it>'
+    when that would be too long for PostgreSQL. `LISTEN "synclane.synclane"` in psql shows it."""
+    name = f"synclane.{schema}"
+    if len(name.encode("utf-8")) <= _CHANNEL_BYTES:
+        return name
+    return f"synclane.{hashlib.md5(schema.encode('utf-8')).hexdigest()}"
+
+
 def render(template: str, schema: str) -> sql.Composed:
     """The schema goes in as a quoted identifier ({schema}), or as a quoted string literal where
-    a statement compares it with a catalog's text ({schema_name}), never as bare text."""
-    return sql.SQL(template).format(schema=sql.Identifier(schema), schema_name=sql.Literal(schema))
+    a statement compares it with a catalog's text ({schema_name}), never as bare text; the
+    schema's notification channel ({channel}) as a string literal."""
+    return sql.SQL(template).format(
+        schema=sql.Identifier(schema),
+        schema_name=sql.Literal(schema),
+        channel=sql.Literal(channel(schema)),
+    )
 
 
 def schema_ddl(schema: str) -> str:

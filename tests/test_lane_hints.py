@@ -14,7 +14,7 @@ import pytest
 from psycopg import sql
 from workers import job_row, running_worker, wait_for
 
-from synclane import Abandon, Job, Page, SyncLane, Throttled
+from synclane import Abandon, Job, Owner, Page, SyncLane, Throttled
 from synclane.worker.taker import take_by_lane
 
 DAY = timedelta(days=1)
@@ -101,3 +101,22 @@ def test_a_look_moves_the_hint_of_a_lane_whose_jobs_are_not_due_yet(
     assert look(app, dsn) == (None, False)
     due = hint(db, schema, "acme")
     assert due is not None and due == job_row(db, schema, job_id)["next_run_at"]
+
+
+def test_jobs_that_move_to_a_new_lane_are_found_there_by_a_look(
+    app: SyncLane, dsn: str, db: psycopg.Connection[Any], schema: str
+) -> None:
+    """An owner whose lane changes takes its open jobs along (an UPDATE, which the insert
+    trigger does not see): the lane they join must say they are due, or a look lane by lane
+    would never find them."""
+    lanes = {"acme": "acme"}
+    queue = app.queue("q")
+    queue.owners(lambda name: [Owner(owner, lane=lane) for owner, lane in lanes.items()])
+    queue.snapshot("sync", every=DAY)(lambda job: Page(None, 1))
+    app.plan("q")
+    assert hint(db, schema, "acme") is not None
+    lanes["acme"] = "shared"
+    app.plan("q")
+    assert hint(db, schema, "shared") is not None, "the lane the job joined has no hint"
+    job, _ = look(app, dsn)
+    assert job is not None and (job.lane, job.owner) == ("shared", "acme")

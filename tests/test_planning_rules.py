@@ -18,7 +18,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from synclane.model import JobType, Owner, SnapshotType, WindowedType
-from synclane.planning import Existing, NewJob, iso, midnight, missing_jobs, period_start
+from synclane.planning import (
+    MAX_REFRESH_SLICES,
+    Existing,
+    NewJob,
+    iso,
+    midnight,
+    missing_jobs,
+    period_start,
+)
 
 OPEN = ("pending", "running", "failed")  # what the planner's read counts as open
 STATUSES = ("pending", "running", "completed", "failed", "deferred", "abandoned", "cancelled")
@@ -641,3 +649,36 @@ def test_no_snapshot_refresh_while_a_job_is_open(status: str) -> None:
     table.plan(PRODUCTS, ACME, NOW + timedelta(days=2))
     table.finish(ACME, PRODUCTS, status)  # the first refresh
     assert not table.plan(PRODUCTS, ACME, NOW + timedelta(days=3)).added
+
+
+# -- a long outage is capped ---------------------------------------------------------------------
+
+
+def test_a_gap_longer_than_the_cap_is_loaded_in_parts_oldest_first_without_a_gap() -> None:
+    """A month-long outage in slices of 15 minutes would be 2,880 jobs in one call (a year's,
+    35,040): each call adds the oldest MAX_REFRESH_SLICES of them; while they are open nothing
+    more is added; the next call continues where they end; the last part ends now."""
+    quarter = replace(ORDERS, slice=timedelta(minutes=15), overlap=timedelta(0))
+    table = Table()
+    table.plan(quarter, ACME, NOW)
+    table.finish(ACME, quarter)
+    back = NOW + timedelta(days=30)
+    made: list[Row] = []
+    for _ in range(10):
+        plan = table.plan(quarter, ACME, back)
+        recurring = [r for r in plan.added if r.job.mode == "recurring"]
+        assert len(recurring) <= MAX_REFRESH_SLICES + 1
+        if not recurring:
+            break
+        assert not table.plan(quarter, ACME, back).added, "nothing more while a part is open"
+        made += recurring
+        table.finish(ACME, quarter)
+    windows = sorted(r.window for r in made)
+    assert windows[0][0] == NOW, "the first part starts where coverage ended"
+    assert windows[-1][1] == back, "the last part ends now"
+    for (_, end), (start, _) in pairwise(windows):
+        assert start == end, "parts follow each other without a gap or an overlap"
+    assert len(made) == 30 * 96
+    keys = [r.job.dedup_key for r in made]
+    assert len(set(keys)) == len(keys)
+    assert f"recurring:{iso(period_start(back, quarter.every))}:{iso(NOW)}" in keys

@@ -18,7 +18,7 @@ WITH added AS (
     RETURNING id, next_run_at
 ),
 woken AS (
-    SELECT pg_notify(%(channel)s, %(queue)s) FROM added WHERE next_run_at <= now()
+    SELECT pg_notify({channel}, %(queue)s) FROM added WHERE next_run_at <= now()
 )
 SELECT id, (SELECT count(*) FROM woken) AS woken FROM added;
 
@@ -74,7 +74,7 @@ hinted AS (
     ON CONFLICT (queue, lane) DO UPDATE SET due_at = least(l.due_at, excluded.due_at)
 ),
 woken AS (
-    SELECT pg_notify(%(channel)s, %(queue)s)
+    SELECT pg_notify({channel}, %(queue)s)
     WHERE EXISTS (SELECT FROM requeued WHERE next_run_at <= now())
 )
 SELECT id, (SELECT count(*) FROM woken) AS woken FROM requeued;

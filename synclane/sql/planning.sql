@@ -1,13 +1,17 @@
--- The planner's statements: one read of what exists, one insert of what is missing.
+-- The planner's statements: what exists, what is missing, who the owners are, and where the
+-- planning of each queue has come. synclane/batches.py, rounds.py and owners.py run them;
+-- docs/planning.md explains them.
 -- Each statement is loaded by name into synclane.store; {schema} is the schema, quoted as an
 -- identifier. The line under each name says what the statement guarantees.
 
 -- name: plan_read
--- what exists per owner and type, each answer one index lookup, so history never slows it down
+-- what exists per owner and type, each answer one index lookup, so history never slows it down;
+-- with the lane the owners table plans the owner into (NULL for an owner it does not know)
 SELECT
     o.owner,
     t.type,
     now() AS now,
+    r.lane,
     CASE WHEN t.windowed THEN (
         SELECT j.window_start FROM {schema}.jobs j
         WHERE j.queue = %(queue)s AND j.owner = o.owner AND j.type = t.type AND j.mode = 'initial'
@@ -46,6 +50,7 @@ SELECT
           AND j.status IN ('pending', 'running', 'failed')
     ) AS open_any
 FROM unnest(%(owners)s::text[]) AS o (owner)
+LEFT JOIN {schema}.owners r ON r.queue = %(queue)s AND r.owner = o.owner
 CROSS JOIN unnest(%(types)s::text[], %(windowed)s::boolean[]) AS t (type, windowed);
 
 -- name: database_now
@@ -53,18 +58,202 @@ CROSS JOIN unnest(%(types)s::text[], %(windowed)s::boolean[]) AS t (type, window
 SELECT now() AS now;
 
 -- name: insert_jobs
--- adds planned jobs, in the order given (planners sort them, so that two never lock keys in
--- opposite orders); the dedup index turns a job another planner already added into a no-op. A
--- job that joins a paused lane (a throttle) waits for the pause like the lane's other jobs
+-- adds planned jobs: each owner gets the jobs of its shape (owners whose plans differ only in
+-- owner and lane, such as every first plan of a batch, share one shape, so the statement carries
+-- a few dozen jobs and the database multiplies them out). Rows go in in one order (owner, type,
+-- dedup key), so that two planners never lock keys in opposite orders; the dedup index turns a
+-- job another planner already added into a no-op. A job that joins a paused lane (a throttle)
+-- waits for the pause like the lane's other jobs
 INSERT INTO {schema}.jobs
     (queue, owner, lane, type, mode, priority, window_start, window_end, dedup_key, next_run_at)
-SELECT %(queue)s::text, n.owner, n.lane, n.type, n.mode, n.priority, n.start, n.end_, n.key,
+SELECT %(queue)s::text, o.owner, o.lane, s.type, s.mode, s.priority, s.start, s.end_, s.key,
        greatest(now(), l.paused_until)
-FROM unnest(
-    %(owners)s::text[], %(lanes)s::text[], %(types)s::text[], %(modes)s::text[],
-    %(priorities)s::integer[], %(starts)s::timestamptz[], %(ends)s::timestamptz[],
-    %(keys)s::text[]
-) WITH ORDINALITY AS n (owner, lane, type, mode, priority, start, end_, key, number)
-LEFT JOIN {schema}.lanes l ON l.queue = %(queue)s AND l.lane = n.lane
-ORDER BY n.number
+FROM unnest(%(owners)s::text[], %(lanes)s::text[], %(owner_shapes)s::integer[])
+     AS o (owner, lane, shape)
+JOIN unnest(
+    %(shapes)s::integer[], %(types)s::text[], %(modes)s::text[], %(priorities)s::integer[],
+    %(starts)s::timestamptz[], %(ends)s::timestamptz[], %(keys)s::text[]
+) AS s (shape, type, mode, priority, start, end_, key) ON s.shape = o.shape
+LEFT JOIN {schema}.lanes l ON l.queue = %(queue)s AND l.lane = o.lane
+ORDER BY o.owner, s.type, s.key
 ON CONFLICT (queue, owner, type, dedup_key) DO NOTHING;
+
+-- name: known_owners
+-- what the owners table knows of these owners: the lane their jobs are planned into and whether
+-- they had their first plan (one primary-key lookup each; it writes nothing)
+SELECT owner, lane, planned FROM {schema}.owners
+WHERE queue = %(queue)s AND owner = ANY (%(owners)s::text[]);
+
+-- name: admit_owners
+-- registers these owners in the lanes given, and moves their open jobs with them in the same
+-- statement: a known owner's jobs in its old lane (and one whose page may still be in flight
+-- under a live lease), a new owner's planned jobs in any other lane (a manual job enqueued into
+-- a lane of its own stays there). The running job moves with the others, so the running-lane
+-- index decides: when the new lane runs a job already, the statement fails with a unique
+-- violation and none of it happens. A job that joins a paused lane waits for the pause, and the
+-- lanes the jobs join get their hint (lanes.due_at) like an insert's. Jobs are
+-- locked in id order and owners written in owner order, so two planners never wait in a circle
+WITH target AS (
+    SELECT t.owner, t.lane, o.lane AS old
+    FROM unnest(%(owners)s::text[], %(lanes)s::text[]) AS t (owner, lane)
+    LEFT JOIN {schema}.owners o ON o.queue = %(queue)s AND o.owner = t.owner
+),
+chosen AS (
+    SELECT j.id, t.lane FROM target t
+    JOIN {schema}.jobs j ON j.queue = %(queue)s AND j.owner = t.owner
+    WHERE j.status IN ('pending', 'running', 'failed', 'deferred') AND j.lane <> t.lane
+      AND (j.lane = t.old OR (t.old IS NULL AND j.mode <> 'manual'))
+    UNION
+    SELECT j.id, t.lane FROM target t
+    JOIN {schema}.jobs j ON j.queue = %(queue)s AND j.lane = t.old AND j.owner = t.owner
+    WHERE t.old <> t.lane AND j.status <> 'running' AND j.lease_token IS NOT NULL
+),
+locked AS (
+    SELECT j.id, c.lane FROM {schema}.jobs j JOIN chosen c ON c.id = j.id
+    ORDER BY j.id
+    FOR UPDATE OF j
+),
+moved AS (
+    UPDATE {schema}.jobs j
+    SET lane = k.lane,
+        next_run_at = CASE WHEN j.status IN ('pending', 'failed', 'deferred')
+                           THEN greatest(j.next_run_at, p.paused_until) ELSE j.next_run_at END
+    FROM locked k
+    LEFT JOIN {schema}.lanes p ON p.queue = %(queue)s AND p.lane = k.lane
+    WHERE j.id = k.id
+    RETURNING j.id, j.lane, j.status, j.next_run_at
+),
+hinted AS (
+    -- the new lanes' hints (lanes.due_at): the insert trigger does not see jobs that move
+    INSERT INTO {schema}.lanes AS l (queue, lane, due_at)
+    SELECT %(queue)s, lane,
+           min(next_run_at) FILTER (WHERE status IN ('pending', 'failed', 'deferred'))
+    FROM moved
+    GROUP BY lane
+    ORDER BY lane
+    ON CONFLICT (queue, lane) DO UPDATE
+    SET due_at = least(l.due_at, excluded.due_at)
+    WHERE excluded.due_at IS NOT NULL AND (l.due_at IS NULL OR l.due_at > excluded.due_at)
+),
+registered AS (
+    INSERT INTO {schema}.owners (queue, owner, lane)
+    SELECT %(queue)s, owner, lane FROM target ORDER BY owner
+    ON CONFLICT (queue, owner) DO UPDATE SET lane = excluded.lane
+    RETURNING owner
+)
+SELECT (SELECT count(*) FROM moved) AS moved, (SELECT count(*) FROM registered) AS registered;
+
+-- name: admit_owner_where_it_runs
+-- a new owner whose jobs could not move yet (its new lane is busy) is registered in the lane its
+-- running job holds, so that nothing new is planned beside it; the next reconciliation moves it
+INSERT INTO {schema}.owners (queue, owner, lane)
+SELECT %(queue)s, %(owner)s, lane FROM {schema}.jobs
+WHERE queue = %(queue)s AND owner = %(owner)s AND status = 'running'
+LIMIT 1
+ON CONFLICT (queue, owner) DO NOTHING;
+
+-- name: mark_planned
+-- these owners had their first plan: the round no longer looks for them. Rows are locked in
+-- owner order, so two planners never wait on each other in a circle
+WITH chosen AS (
+    SELECT owner FROM {schema}.owners
+    WHERE queue = %(queue)s AND owner = ANY (%(owners)s::text[]) AND NOT planned
+    ORDER BY owner
+    FOR UPDATE
+)
+UPDATE {schema}.owners o SET planned = true
+FROM chosen c
+WHERE o.queue = %(queue)s AND o.owner = c.owner;
+
+-- name: unplanned_owners
+-- owners that have not had their first plan yet, from the partial index of them
+SELECT owner, lane FROM {schema}.owners
+WHERE queue = %(queue)s AND NOT planned
+ORDER BY owner
+LIMIT %(limit)s;
+
+-- name: owners_after
+-- the next owners of a pass over a queue's owners, in primary-key order after the last one seen
+SELECT owner, lane FROM {schema}.owners
+WHERE queue = %(queue)s AND owner > %(after)s
+ORDER BY owner
+LIMIT %(limit)s;
+
+-- name: owner_lane_known
+-- the lane the owners table plans an owner into (no row: an owner it does not know)
+SELECT lane FROM {schema}.owners WHERE queue = %(queue)s AND owner = %(owner)s;
+
+-- name: plan_lock
+-- one planning round per queue at a time, across every process: a transaction lock that another
+-- round does not wait for (false: someone else plans this queue now, skip the round)
+SELECT pg_try_advisory_xact_lock(%(key)s::bigint) AS locked;
+
+-- name: planner_clock
+-- the database clock, and when this queue's owners were last reconciled and it was last pruned
+SELECT now() AS now, p.owners_reconciled_at, p.pruned_at
+FROM (SELECT) AS one
+LEFT JOIN {schema}.planner p ON p.queue = %(queue)s;
+
+-- name: owners_reconciled
+-- the owner source was read to its end and the owners table now says what it said
+INSERT INTO {schema}.planner (queue, owners_reconciled_at) VALUES (%(queue)s, now())
+ON CONFLICT (queue) DO UPDATE SET owners_reconciled_at = excluded.owners_reconciled_at;
+
+-- name: queue_pruned
+-- the queue was pruned (its retention setting) at this instant
+INSERT INTO {schema}.planner (queue, pruned_at) VALUES (%(queue)s, now())
+ON CONFLICT (queue) DO UPDATE SET pruned_at = excluded.pruned_at;
+
+-- name: planned_types
+-- per type of the queue: the period and horizon every owner was planned for, and the pass under
+-- way (one row per type)
+SELECT type, period, horizon, pass_period, pass_horizon, pass_after
+FROM {schema}.planned_types WHERE queue = %(queue)s;
+
+-- name: pass_progress
+-- a pass over the owners has planned every owner up to pass_after (in the transaction that
+-- inserted their jobs, so a pass cut short continues after the last owner it committed)
+INSERT INTO {schema}.planned_types (queue, type, pass_period, pass_horizon, pass_after)
+VALUES (%(queue)s, %(type)s, %(period)s, %(horizon)s, %(after)s)
+ON CONFLICT (queue, type) DO UPDATE
+SET pass_period = excluded.pass_period, pass_horizon = excluded.pass_horizon,
+    pass_after = excluded.pass_after;
+
+-- name: pass_done
+-- every owner was planned for this period with this horizon; the widest horizon is kept, so a
+-- narrower one (an older version of the app still running) never starts a pass
+INSERT INTO {schema}.planned_types (queue, type, period, horizon)
+VALUES (%(queue)s, %(type)s, %(period)s, %(horizon)s)
+ON CONFLICT (queue, type) DO UPDATE
+SET period = excluded.period,
+    horizon = CASE WHEN planned_types.horizon IS NULL OR excluded.horizon > planned_types.horizon
+                   THEN excluded.horizon ELSE planned_types.horizon END,
+    pass_period = NULL, pass_horizon = NULL, pass_after = NULL;
+
+-- name: seen_create
+-- the owners one reconciliation has read from the source so far (a temporary table of this
+-- session: it writes no WAL and disappears with the connection)
+CREATE TEMPORARY TABLE IF NOT EXISTS synclane_seen_owners (owner text NOT NULL);
+
+-- name: seen_add
+-- remembers a batch of the owners the source named
+INSERT INTO pg_temp.synclane_seen_owners (owner) SELECT unnest(%(owners)s::text[]);
+
+-- name: seen_analyze
+-- statistics for the sweep's anti-join (temporary tables are never analyzed on their own)
+ANALYZE pg_temp.synclane_seen_owners;
+
+-- name: seen_drop
+-- the reconciliation is over
+DROP TABLE IF EXISTS pg_temp.synclane_seen_owners;
+
+-- name: sweep_owners
+-- after the source was read to its end: owners it no longer names leave the owners table, so
+-- nothing more is planned for them; their jobs stay as they are (cancelling is the user's call)
+WITH gone AS (
+    DELETE FROM {schema}.owners o
+    WHERE o.queue = %(queue)s
+      AND NOT EXISTS (SELECT 1 FROM pg_temp.synclane_seen_owners s WHERE s.owner = o.owner)
+    RETURNING o.owner
+)
+SELECT count(*) AS removed, (array_agg(owner ORDER BY owner))[1:3] AS examples FROM gone;

@@ -79,14 +79,14 @@ ORDER BY w.name;
 -- wakes the idle slots of these queues in every worker that listens on the channel. Sent in the
 -- transaction that made the work, it is delivered when that commits (never when it rolls back),
 -- and PostgreSQL folds identical notifications of one transaction into one
-SELECT pg_notify(%(channel)s, queue) FROM unnest(%(queues)s::text[]) AS queue;
+SELECT pg_notify({channel}, queue) FROM unnest(%(queues)s::text[]) AS queue;
 
 -- name: notify_freed_lanes
 -- wakes idle slots when a lane that finished jobs of %(done_ids)s (and whose next job the finisher
 -- did not take: not one of %(taken_lanes)s) has a pending or failed job that is due, and a live
 -- worker of the queue has a slot that waits (it says so at once: worker_waiting). Reads only
 -- when there is nothing to tell or nobody to tell it, so under full load it costs no commit
-SELECT pg_notify(%(channel)s, %(queue)s)
+SELECT pg_notify({channel}, %(queue)s)
 WHERE EXISTS (
     SELECT FROM {schema}.workers w
     WHERE %(queue)s = ANY (w.queues) AND w.waiting > 0 AND w.expires_at > now()

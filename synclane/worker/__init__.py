@@ -28,11 +28,11 @@ from psycopg_pool import AsyncConnectionPool
 
 from synclane.bridge import in_thread
 from synclane.connection import Database
-from synclane.errors import error_text
+from synclane.errors import OwnerSourceError, error_text
 from synclane.events import Event, Kind, Listener, listeners
 from synclane.model import ConfigError, to_duration
 from synclane.queues import Queue
-from synclane.wakeup import notify_params
+from synclane.wakeup import notify_work_async
 from synclane.worker.lease import Lease, LeaseLost, PageWrites, Writer
 from synclane.worker.presence import FreedLanes, Presence
 from synclane.worker.slot import Crew, Slot, describe, retry_delay
@@ -90,7 +90,7 @@ class Worker:
         name: str,
         poll_interval: timedelta,
         plan_interval: timedelta,
-        plan: Callable[[str], int] | None = None,
+        plan: Callable[[str], int | None] | None = None,
         stop_after: timedelta | float | None = None,
         until_idle: bool = False,
         idle_grace: timedelta | float = IDLE_GRACE,
@@ -423,27 +423,41 @@ class Worker:
                 self.stop()
 
     async def _plan_loop(self, planned: asyncio.Event) -> None:
+        """Every plan_interval, a planning round of each queue (one process at a time plans a
+        queue: a round another process holds is skipped). `planned` is set once every queue had
+        a round that ran, here or, seen by a skipped round, elsewhere: until then a skipped
+        round is tried again after poll_interval, so that a worker working until idle does not
+        stop before the first jobs exist."""
         plannable = [q for q in self.queues if q.types and q.owner_source is not None]
         if self.plan is None or not plannable:
             planned.set()
             return
+        waiting = {q.name for q in plannable}
         while not self.stopping:
             # Side by side: a queue whose owner source hangs (until owners_timeout) does not hold
             # up the others.
-            await asyncio.gather(*(self._plan_queue(queue) for queue in plannable))
-            planned.set()
-            await self._pause(self.plan_interval.total_seconds())
+            ran = await asyncio.gather(*(self._plan_queue(queue) for queue in plannable))
+            waiting -= {queue.name for queue, done in zip(plannable, ran, strict=True) if done}
+            if not waiting:
+                planned.set()
+            pause = self.plan_interval if planned.is_set() else self.poll_interval
+            await self._pause(min(pause, self.plan_interval).total_seconds())
 
-    async def _plan_queue(self, queue: Queue) -> None:
+    async def _plan_queue(self, queue: Queue) -> bool:
+        """One planning round of a queue; False when another process was planning it."""
         assert self.plan is not None
         plan = self.plan
         try:
             added = await in_thread(lambda: plan(queue.name), f"synclane-plan-{queue.name}")
+        except OwnerSourceError as error:
+            log.error("planning queue %s failed: %s", queue.name, error_text(error))
+            added = sum(error.added.values())
         except Exception as error:
             log.error("planning queue %s failed: %s", queue.name, error_text(error))
-            return
+            return True
         if added:
             self._nudge()
+        return added is not None
 
     async def _reclaim_loop(self) -> None:
         assert self._crew is not None
@@ -457,8 +471,7 @@ class Worker:
                         rows = await cur.fetchall()
                         names = [d.name for d in cur.description or []]
                         if rows:  # back in line and due: idle workers elsewhere may take them
-                            wake = notify_params(store, [queue.name])
-                            await conn.execute(store.query("notify_work"), wake)
+                            await notify_work_async(conn, store, [queue.name])
                 except psycopg.Error as error:
                     log.warning("reclaiming expired leases failed: %s", error_text(error))
                     continue

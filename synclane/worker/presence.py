@@ -41,7 +41,7 @@ from psycopg_pool import AsyncConnectionPool
 from synclane.connection import Database
 from synclane.errors import error_text
 from synclane.model import ConfigError
-from synclane.wakeup import channel, notify_params
+from synclane.wakeup import channel, notify_work_async
 from synclane.worker.outage import OUTAGE_BACKOFF
 from synclane.worker.taker import Batch
 
@@ -168,9 +168,7 @@ class Presence:
                 await self._saying_waiting
         with contextlib.suppress(psycopg.Error):
             async with pool.connection() as conn:
-                await conn.execute(
-                    self.store.query("notify_work"), notify_params(self.store, self.queues)
-                )
+                await notify_work_async(conn, self.store, self.queues)
                 if self.listed:
                     await conn.execute(self.store.query("worker_leave"), self._who())
         await self.close()
@@ -318,7 +316,7 @@ class FreedLanes:
     def __init__(self, pool: AsyncConnectionPool[Any], database: Database, queue: str) -> None:
         self.pool = pool
         self.store = database.store
-        self.params = {"channel": channel(database.schema), "queue": queue}
+        self.params = {"queue": queue}
         self._done: set[int] = set()
         self._taken: set[str] = set()
         self._telling: asyncio.Task[None] | None = None

@@ -1,0 +1,193 @@
+"""Planning a batch of owners: the steps `app.plan()`, a worker's planning round and a caller's
+connection (`conn=`) share.
+
+For a batch, one SERIALIZABLE transaction holds one read of what exists (`plan_read`) and one
+insert of what is missing (`insert_jobs`, ON CONFLICT DO NOTHING). Planners that run at the same
+instant are kept apart by the dedup index; planners whose read and insert straddle a period edge
+or midnight (so that their keys differ) by serializable isolation, which makes one of them read
+again. Rows are inserted in one stable order, so that two planners never lock keys in opposite
+orders; a deadlock or a serialization failure PostgreSQL reports anyway is retried (`retrying`).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta
+from typing import Any, TypeVar
+
+import psycopg
+
+from synclane import planning
+from synclane.model import JobType, Owner, WindowedType
+from synclane.owners import Known, admit
+from synclane.queues import Queue
+from synclane.steps import Atomic, Execute, Fetch, Steps
+from synclane.wakeup import work_added
+
+T = TypeVar("T")
+
+# Owners per planning transaction: memory and the length of a transaction stay bounded by it.
+BATCH = 5_000
+# How often a transaction PostgreSQL rolled back to break a race (a serialization failure, a
+# deadlock) is tried, with a growing random pause in between.
+ATTEMPTS = 20
+# What PostgreSQL raises to break a race, asking for the transaction to be tried again.
+RACES = (
+    psycopg.errors.SerializationFailure,
+    psycopg.errors.DeadlockDetected,
+    psycopg.errors.TransactionRollback,
+)
+
+
+def retrying(attempt: Callable[[], T]) -> T:
+    """Run `attempt` again when PostgreSQL rolled it back to break a race between planners (a
+    serialization failure or a deadlock), after a growing random pause."""
+    for number in range(1, ATTEMPTS + 1):
+        try:
+            return attempt()
+        except RACES:
+            # Another planner wrote what we read in the same instant; read again.
+            if number == ATTEMPTS:
+                raise
+            time.sleep(random.uniform(0, min(0.5, 0.005 * 2**number)))
+    raise AssertionError("unreachable")
+
+
+def plan_steps(
+    queue: Queue,
+    owners: list[Owner],
+    types: Sequence[JobType],
+    horizon: timedelta | None,
+    *,
+    whole: bool = True,
+) -> Steps[int]:
+    """Register these owners (moving re-laned ones), then one serializable read and insert for
+    them; marks them planned when every type was (`whole`)."""
+    known: dict[str, Known] = yield from admit(queue.name, owners)
+    first = [o.id for o in owners if whole and o.id in known and not known[o.id].planned]
+
+    def steps() -> Steps[int]:
+        added: int = yield from read_and_insert(queue, owners, types, horizon)
+        if first:
+            # In the transaction of the insert: retried with it, counted once.
+            yield Execute("mark_planned", {"queue": queue.name, "owners": first})
+        return added
+
+    count: int = yield Atomic(steps, serializable=True)
+    return count
+
+
+def pass_steps(
+    queue: Queue, owners: list[Owner], job_type: JobType, progress: dict[str, Any]
+) -> Steps[int]:
+    """One batch of a pass over a type's owners: plan them, and record how far the pass came,
+    in one transaction."""
+
+    def steps() -> Steps[int]:
+        added: int = yield from read_and_insert(queue, owners, [job_type], None)
+        yield Execute("pass_progress", progress)
+        return added
+
+    count: int = yield Atomic(steps, serializable=True)
+    return count
+
+
+def read_and_insert(
+    queue: Queue, owners: list[Owner], types: Sequence[JobType], horizon: timedelta | None
+) -> Steps[int]:
+    """One read of what exists for these owners and types, one insert of what is missing."""
+    by_id = {o.id: o for o in owners}
+    rows: list[dict[str, Any]] = yield Fetch(
+        "plan_read",
+        {
+            "queue": queue.name,
+            "owners": list(by_id),
+            "types": [t.name for t in types],
+            "windowed": [isinstance(t, WindowedType) for t in types],
+        },
+    )
+    shapes = Shapes()
+    for row in rows:
+        owner = by_id[row["owner"]]
+        existing = planning.Existing(
+            oldest_initial_start=row["oldest_initial_start"],
+            coverage_end=row["coverage_end"],
+            coverage_mode=row["coverage_mode"],
+            initial_created_at=row["initial_created_at"],
+            last_created_at=row["last_created_at"],
+            open_recurring=row["open_recurring"],
+            open_any=row["open_any"],
+        )
+        # The lane the owners table plans the owner into (its open jobs are there), else the
+        # source's.
+        lane = row["lane"] or owner.lane_key
+        shapes.add(owner.id, lane, queue.types[row["type"]], existing, row["now"], horizon)
+    if not shapes.owners:
+        return 0
+    added: int = yield Execute("insert_jobs", shapes.params(queue.name))
+    if added:
+        yield from work_added(queue.name)
+    return added
+
+
+_Job = tuple[str, str, int, datetime | None, datetime | None, str]
+_PLACEHOLDER = Owner("?")
+
+
+class Shapes:
+    """The missing jobs of a batch, grouped by shape: owners whose jobs differ only in owner and
+    lane (every first plan of a batch, for one) share one list of jobs, which the insert
+    multiplies out in the database. The planning rule is computed once per shape of what exists,
+    not once per owner."""
+
+    def __init__(self) -> None:
+        self.owners: dict[str, list[_Job]] = {}
+        self.lanes: dict[str, str] = {}
+        self._rules: dict[tuple[str, planning.Existing, datetime, timedelta | None], list[_Job]]
+        self._rules = {}
+
+    def add(
+        self,
+        owner: str,
+        lane: str,
+        job_type: JobType,
+        existing: planning.Existing,
+        now: datetime,
+        horizon: timedelta | None,
+    ) -> None:
+        key = (job_type.name, existing, now, horizon)
+        jobs = self._rules.get(key)
+        if jobs is None:
+            jobs = self._rules[key] = [
+                (j.type, j.mode, j.priority, j.window_start, j.window_end, j.dedup_key)
+                for j in planning.missing_jobs(job_type, _PLACEHOLDER, existing, now, horizon)
+            ]
+        if jobs:
+            self.owners.setdefault(owner, []).extend(jobs)
+            self.lanes[owner] = lane
+
+    def params(self, queue: str) -> dict[str, Any]:
+        numbers: dict[tuple[_Job, ...], int] = {}
+        owner_shapes = []
+        for jobs in self.owners.values():
+            owner_shapes.append(numbers.setdefault(tuple(jobs), len(numbers)))
+        columns: list[list[Any]] = [[] for _ in range(7)]
+        for shape, number in numbers.items():
+            for job in shape:
+                for column, value in zip(columns, (number, *job), strict=True):
+                    column.append(value)
+        return {
+            "queue": queue,
+            "owners": list(self.owners),
+            "lanes": [self.lanes[o] for o in self.owners],
+            "owner_shapes": owner_shapes,
+            "shapes": columns[0],
+            "types": columns[1],
+            "modes": columns[2],
+            "priorities": columns[3],
+            "starts": columns[4],
+            "ends": columns[5],
+            "keys": columns[6],
+        }

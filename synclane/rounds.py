@@ -1,0 +1,202 @@
+"""A worker's planning round of one queue: knowing the owners, planning what is due, pruning.
+
+`Planner.round(queue)` takes the queue's planning lock and runs a `Round` on a connection of its
+own (docs/planning.md, "Planning in the background"). The round reconciles the owner source
+with the owners table every `owners_interval`, then plans only what is due: the owners that
+never had a plan, and each type once per period (or when its horizon widened), found through the
+owners table and `planned_types` without reading any owner when nothing is due. It also prunes
+the queue when it has a `retention`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from functools import partial
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg.rows import dict_row
+
+from synclane import planning
+from synclane.batches import BATCH, pass_steps, plan_steps, retrying
+from synclane.connection import Database
+from synclane.errors import OwnerSourceError
+from synclane.model import JobType, Owner, WindowedType
+from synclane.owners import admit, owner_batches
+from synclane.pruning import PRUNE_EVERY, prune_queue
+from synclane.queues import Queue
+from synclane.steps import Steps, run
+
+log = logging.getLogger("synclane")
+
+T = TypeVar("T")
+
+# During a long reconciliation or prune, how often the round stops to plan what became due.
+DUE_CHECK_EVERY = 10.0
+
+
+class Round:
+    """One elected planning round of one queue, on the round's work connection."""
+
+    def __init__(
+        self,
+        database: Database,
+        queue: Queue,
+        conn: psycopg.Connection[Any],
+        owners_timeout: float,
+    ) -> None:
+        self.database = database
+        self.queue = queue
+        self.conn = conn
+        self.owners_timeout = owners_timeout
+        self.store = database.store
+        self.types = list(queue.types.values())
+        self.added = 0
+        self._last_due = 0.0
+
+    def run(self) -> int:
+        (clock,) = self._fetch("planner_clock", {"queue": self.queue.name})
+        now: datetime = clock["now"]
+        failure: OwnerSourceError | None = None
+        reconciled = clock["owners_reconciled_at"]
+        if reconciled is None or now - reconciled >= self.queue.settings.owners_interval:
+            try:
+                self.reconcile()
+            except OwnerSourceError as error:
+                failure = error
+        self.plan_due()
+        retention = self.queue.settings.retention
+        if retention is not None:
+            pruned = clock["pruned_at"]
+            if pruned is None or now - pruned >= min(PRUNE_EVERY, retention):
+                deleted = prune_queue(
+                    self.database, self.conn, self.queue, retention, self._now_and_then
+                )
+                self._execute("queue_pruned", {"queue": self.queue.name})
+                if deleted:
+                    log.info(
+                        "queue %s: pruned %d finished row(s) older than %s",
+                        self.queue.name,
+                        deleted,
+                        retention,
+                    )
+        if self.added:
+            log.info("queue %s: planned %d new job(s)", self.queue.name, self.added)
+        if failure is not None:
+            raise OwnerSourceError(str(failure), {self.queue.name: self.added})
+        return self.added
+
+    def _fetch(self, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+        with self.conn.cursor(row_factory=dict_row) as cur:
+            return cur.execute(self.store.query(name), params).fetchall()
+
+    def _execute(self, name: str, params: dict[str, Any]) -> int:
+        return self.conn.execute(self.store.query(name), params).rowcount
+
+    def _now_and_then(self) -> None:
+        """Between the batches of a long reconciliation or prune: plan what became due."""
+        if time.monotonic() - self._last_due >= DUE_CHECK_EVERY:
+            self.plan_due()
+
+    # -- knowing the owners ------------------------------------------------------------------
+
+    def reconcile(self) -> None:
+        """Read the owner source to its end: register new owners (they are planned at once),
+        move re-laned ones, and, only when the source was read to its end, remove the owners it
+        no longer names (their jobs stay)."""
+        queue = self.queue.name
+        self._execute("seen_drop", {})
+        self._execute("seen_create", {})
+        try:
+            for batch in owner_batches(self.queue, self.owners_timeout, BATCH):
+                if not batch:
+                    continue
+                known = self._plan(partial(admit, queue, batch))
+                self._execute("seen_add", {"owners": [o.id for o in batch]})
+                # New owners get their first plan while the source streams, batch by batch.
+                if any(o.id in known and not known[o.id].planned for o in batch):
+                    self.plan_due()
+                else:
+                    self._now_and_then()
+            self._execute("seen_analyze", {})
+            (swept,) = self._fetch("sweep_owners", {"queue": queue})
+            if swept["removed"]:
+                log.info(
+                    "queue %s: %d owner(s) no longer named by the owner source, nothing more is "
+                    "planned for them (their open jobs stay; cancel them with app.cancel): %s",
+                    queue,
+                    swept["removed"],
+                    ", ".join(swept["examples"]) + ("…" if swept["removed"] > 3 else ""),
+                )
+            self._execute("owners_reconciled", {"queue": queue})
+        finally:
+            self._execute("seen_drop", {})
+
+    # -- planning what is due ------------------------------------------------------------------
+
+    def plan_due(self) -> None:
+        """Plan the owners that never had a plan, then every type whose period started (or
+        whose horizon widened) since every owner was last planned for it. With nothing due this
+        is three short reads."""
+        self._last_due = time.monotonic()
+        queue = self.queue.name
+        while True:
+            rows = self._fetch("unplanned_owners", {"queue": queue, "limit": BATCH})
+            if not rows:
+                break
+            owners = [Owner(r["owner"], r["lane"]) for r in rows]
+            self.added += self._plan(partial(plan_steps, self.queue, owners, self.types, None))
+        (clock,) = self._fetch("database_now", {})
+        state = {r["type"]: r for r in self._fetch("planned_types", {"queue": queue})}
+        for job_type in self.types:
+            period = planning.period_start(clock["now"], job_type.every)
+            horizon = job_type.horizon if isinstance(job_type, WindowedType) else None
+            if not _due(state.get(job_type.name), period, horizon):
+                continue
+            self._pass(job_type, period, horizon, state.get(job_type.name))
+
+    def _pass(
+        self,
+        job_type: JobType,
+        period: datetime,
+        horizon: timedelta | None,
+        state: dict[str, Any] | None,
+    ) -> None:
+        """Plan every owner for one type, in batches in owner order; each batch commits where
+        the pass has come with its jobs, so a pass cut short continues from there."""
+        queue = self.queue.name
+        after = ""
+        if state and state["pass_period"] == period and state["pass_horizon"] == horizon:
+            after = state["pass_after"] or ""  # a pass of this period was cut short
+        while True:
+            params = {"queue": queue, "after": after, "limit": BATCH}
+            rows = self._fetch("owners_after", params)
+            if not rows:
+                break
+            owners = [Owner(r["owner"], r["lane"]) for r in rows]
+            after = owners[-1].id
+            progress = {
+                "queue": queue,
+                "type": job_type.name,
+                "period": period,
+                "horizon": horizon,
+                "after": after,
+            }
+            self.added += self._plan(partial(pass_steps, self.queue, owners, job_type, progress))
+        done = {"queue": queue, "type": job_type.name, "period": period, "horizon": horizon}
+        self._execute("pass_done", done)
+
+    def _plan(self, steps: Callable[[], Steps[T]]) -> T:
+        """Run steps on the round's connection, again when PostgreSQL broke a race."""
+        return retrying(lambda: run(self.conn, self.store, steps()))
+
+
+def _due(state: dict[str, Any] | None, period: datetime, horizon: timedelta | None) -> bool:
+    """Whether a type needs a pass over every owner: a period began since the last pass, or the
+    horizon is wider than any pass used."""
+    if state is None or state["period"] is None or state["period"] < period:
+        return True
+    return horizon is not None and (state["horizon"] is None or state["horizon"] < horizon)

@@ -1,0 +1,288 @@
+"""Retention (app.prune, a queue's `retention`, `synclane prune`) against a real PostgreSQL: it
+deletes old finished refreshes and manual jobs, and nothing that planning, coverage(), progress()
+or a human still needs; it never waits for a lock."""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.rows import dict_row
+from test_cli import Run, run  # noqa: F401  (the fixture)
+from test_planner_db import KEY, TIMESTAMPS
+
+from synclane import ConfigError, Owner, Page, SyncLane
+from synclane.planning import iso
+
+DAY = timedelta(days=1)
+HOUR = timedelta(hours=1)
+OPEN_OR_WAITING = ("pending", "running", "failed", "deferred", "abandoned")
+
+
+def jobs(db: psycopg.Connection[Any], schema: str, where: str = "TRUE") -> list[dict[str, Any]]:
+    query = sql.SQL("SELECT * FROM {} WHERE {} ORDER BY id").format(
+        sql.Identifier(schema, "jobs"), sql.SQL(where)
+    )
+    with db.cursor(row_factory=dict_row) as cur:
+        return cur.execute(query).fetchall()
+
+
+def set_rows(db: psycopg.Connection[Any], schema: str, assignments: str, where: str) -> int:
+    """UPDATE the schema's jobs; {jobs} in `where` names the table too."""
+    table = sql.Identifier(schema, "jobs")
+    query = sql.SQL("UPDATE {} SET {} WHERE {}").format(
+        table, sql.SQL(assignments), sql.SQL(where).format(jobs=table)
+    )
+    return db.execute(query).rowcount
+
+
+def let_time_pass(db: psycopg.Connection[Any], schema: str, delta: timedelta) -> None:
+    """Every timestamp of the schema's rows, and the instant in each planner key, moves back by
+    `delta` (oldest key first, so that no key lands on one that has not moved yet)."""
+    table = sql.Identifier(schema, "jobs")
+    moved = sql.SQL(", ").join(
+        sql.SQL("{0} = {0} - %(delta)s").format(sql.Identifier(c)) for c in TIMESTAMPS
+    )
+    db.execute(sql.SQL("UPDATE {} SET {}").format(table, moved), {"delta": delta})
+    keys = []
+    for row in jobs(db, schema):
+        found = KEY.match(row["dedup_key"])
+        if found:
+            instant = datetime.fromisoformat(found[2].replace("Z", "+00:00")) - delta
+            keys.append((instant, row["id"], f"{found[1]}:{iso(instant)}{found[3]}"))
+    for _, job_id, key in sorted(keys):
+        db.execute(
+            sql.SQL("UPDATE {} SET dedup_key = %s WHERE id = %s").format(table), [key, job_id]
+        )
+
+
+def away_from_the_hour(db: psycopg.Connection[Any]) -> None:
+    """Start when a minute or more is left in the hour: a planner that crossed into the next
+    hour would rightly add that hour's refreshes, and the checks below would count them."""
+    row = db.execute("SELECT 3600 - extract(epoch FROM now())::numeric % 3600").fetchone()
+    assert row is not None
+    if row[0] < 60:
+        time.sleep(float(row[0]) + 1)
+
+
+def declare(app: SyncLane, **settings: Any) -> SyncLane:
+    shops = app.queue("shops", owners_interval=3600, **settings)
+    shops.owners(lambda queue: [Owner("acme"), Owner("globex", lane="g")])
+    shops.windowed(
+        "orders", horizon=60 * DAY, slice=30 * DAY, every=HOUR, overlap=timedelta(minutes=5)
+    )(lambda job: Page(None))
+    shops.snapshot("products", every=HOUR)(lambda job: Page(None))
+    return app
+
+
+def two_days_of_refreshes(app: SyncLane, db: psycopg.Connection[Any], schema: str) -> None:
+    """48 hours of hourly refreshes, as the planner made them: most completed, one cancelled, a
+    manual reload of an hour, a failure waiting for its retry, one abandoned, history open."""
+    app.plan()
+    away_from_the_hour(db)
+    done = "status = 'completed', completed_at = now()"
+    set_rows(db, schema, done, "mode = 'initial' AND owner = 'acme'")
+    for hour in range(48):
+        finished = "cancelled" if hour == 10 else "completed"
+        set_rows(
+            db,
+            schema,
+            f"status = '{finished}', completed_at = now(), processed_count = {hour + 1}",
+            "mode = 'recurring' AND status = 'pending'",
+        )
+        if hour == 20:
+            end = jobs(db, schema, "mode = 'recurring'")[-1]["window_end"]
+            manual = app.enqueue("shops", "acme", "orders", window_start=end - HOUR, window_end=end)
+            set_rows(db, schema, done, f"id = {manual}")
+        let_time_pass(db, schema, HOUR)
+        app.plan()
+    first_refresh = (
+        "id = (SELECT min(id) FROM {jobs} WHERE mode = 'recurring' AND owner = 'globex')"
+    )
+    set_rows(db, schema, "status = 'abandoned', error = 'Abandon: gone'", first_refresh)
+    snapshot = "id = (SELECT max(id) FROM {jobs} WHERE owner = 'globex' AND type = 'products')"
+    set_rows(db, schema, "status = 'failed', error = 'RuntimeError: 503'", snapshot)
+
+
+def spans(app: SyncLane) -> pd.DataFrame:
+    """coverage() without the number of jobs behind each span (pruning merges jobs)."""
+    frame = app.coverage("shops")
+    return frame.drop(columns=["jobs"]).reset_index(drop=True)
+
+
+def test_a_prune_keeps_every_row_planning_coverage_and_progress_read(
+    app: SyncLane, db: psycopg.Connection[Any], schema: str
+) -> None:
+    declare(app)
+    two_days_of_refreshes(app, db, schema)
+    before = jobs(db, schema)
+    coverage, progress = spans(app), app.progress("shops")
+    failures = app.failures("shops")
+
+    deleted = app.prune(older_than=5 * HOUR)
+
+    after = jobs(db, schema)
+    assert deleted > 60 and len(after) == len(before) - deleted
+    kept = {row["id"] for row in after}
+    young = {r["id"] for r in before if r["created_at"] > before[-1]["created_at"] - 5 * HOUR}
+    must_stay = {
+        r["id"] for r in before if r["status"] in OPEN_OR_WAITING or r["mode"] == "initial"
+    }
+    assert must_stay <= kept, "an open job, one waiting for a human, or history was deleted"
+    assert young <= kept, "a row newer than the limit was deleted"
+    gone = [r for r in before if r["id"] not in kept]
+    assert {r["mode"] for r in gone} <= {"recurring", "manual"}
+    assert {r["status"] for r in gone} <= {"completed", "cancelled"}
+
+    assert app.plan() == {"shops": 0}, "a re-plan after a prune inserts nothing"
+    pd.testing.assert_frame_equal(spans(app), coverage)
+    pd.testing.assert_frame_equal(app.progress("shops"), progress)
+    pd.testing.assert_frame_equal(app.failures("shops"), failures)
+    assert app.prune(older_than=5 * HOUR) == 0, "a second prune finds nothing more"
+
+    # Time goes on: the next refreshes start where coverage ends, as without the prune.
+    set_rows(db, schema, "status = 'completed'", "mode = 'recurring' AND status = 'pending'")
+    let_time_pass(db, schema, HOUR)
+    assert app.plan() == {"shops": 3}  # acme's orders and products, globex's orders
+    (newest, *older) = reversed(jobs(db, schema, "owner = 'acme' AND type = 'orders'"))
+    assert newest["status"] == "pending"
+    assert newest["window_start"] == max(r["window_end"] for r in older) - timedelta(minutes=5)
+
+
+def test_a_prune_waits_for_no_lock_and_leaves_locked_rows(
+    app: SyncLane, dsn: str, db: psycopg.Connection[Any], schema: str
+) -> None:
+    declare(app)
+    two_days_of_refreshes(app, db, schema)
+    finished = "mode = 'recurring' AND status = 'completed' AND owner = 'acme' AND type = 'orders'"
+    locked = jobs(db, schema, finished)[3]  # in the middle of a run of finished refreshes
+    coverage = spans(app)
+    with psycopg.connect(dsn) as holder:
+        holder.execute(
+            sql.SQL("SELECT id FROM {} WHERE id = %s FOR UPDATE").format(
+                sql.Identifier(schema, "jobs")
+            ),
+            [locked["id"]],
+        )
+        started = time.monotonic()
+        deleted = app.prune(older_than=5 * HOUR)
+        assert time.monotonic() - started < 10
+        holder.rollback()
+    assert deleted > 0
+    assert jobs(db, schema, f"id = {locked['id']}") == [locked], "a row someone holds stays"
+    assert app.plan() == {"shops": 0}
+    pd.testing.assert_frame_equal(spans(app), coverage)
+
+
+def test_the_elected_planner_applies_a_queues_retention(
+    app: SyncLane, db: psycopg.Connection[Any], schema: str
+) -> None:
+    declare(app, retention=5 * HOUR)
+    two_days_of_refreshes(app, db, schema)
+    before = len(jobs(db, schema))
+    plan = app.worker(["shops"]).plan
+    assert plan is not None
+    plan("shops")
+    pruned = len(jobs(db, schema))
+    assert pruned < before - 60
+    plan("shops")
+    assert len(jobs(db, schema)) == pruned, "pruned once per PRUNE_EVERY, not every round"
+
+
+def test_prune_arguments_are_checked(app: SyncLane) -> None:
+    declare(app)
+    with pytest.raises(ConfigError, match="older_than"):
+        app.prune(older_than=-DAY)
+    with pytest.raises(ConfigError, match="'nope'"):
+        app.prune("nope")
+    with pytest.raises(ConfigError, match="retention"):
+        app.queue("other", retention=0)
+    assert app.prune() == 0
+
+
+def test_synclane_prune_deletes_and_says_how_many(run: Run) -> None:  # noqa: F811
+    assert run("plan")[0] == 0
+    code, out, _ = run("prune", "--older-than-days", "30")
+    assert (code, out.strip()) == (0, "pruned 0 finished row(s) older than 30 day(s)")
+    code, out, _ = run("prune", "--queue", "shops", "--older-than-days", "0.5")
+    assert (code, out.strip()) == (
+        0,
+        "pruned 0 finished row(s) older than 0.5 day(s) in queue shops",
+    )
+    code, _, err = run("prune", "--older-than-days", "-1")
+    assert code == 2 and "--older-than-days" in err
+
+
+def test_a_prune_while_workers_work_deletes_only_finished_rows(
+    app: SyncLane, db: psycopg.Connection[Any], schema: str
+) -> None:
+    """Prunes over and over while a worker takes, runs and completes jobs: the worker never
+    waits for the prune and every job it finished or runs is still there or merged."""
+    declare(app)
+    two_days_of_refreshes(app, db, schema)
+    set_rows(db, schema, "status = 'pending', next_run_at = now()", "status IN ('failed')")
+    open_before = {r["id"] for r in jobs(db, schema, "status = 'pending'")}
+    waiting = len(open_before)
+    stop = threading.Event()
+    counts: list[int] = []
+
+    def prune_again_and_again() -> None:
+        while not stop.is_set():
+            counts.append(app.prune(older_than=5 * HOUR))
+
+    pruner = threading.Thread(target=prune_again_and_again, daemon=True)
+    pruner.start()
+    try:
+        report = app.run_worker(until_idle=True, idle_grace=0, stop_after=30)
+    finally:
+        stop.set()
+        pruner.join(timeout=30)
+    assert report.get("completed", 0) >= waiting
+    assert jobs(db, schema, "status IN ('pending', 'running', 'failed')") == []
+    assert sum(counts) > 0
+    assert not [
+        r for r in jobs(db, schema) if r["id"] in open_before and r["status"] == "cancelled"
+    ]
+    assert {r["id"] for r in jobs(db, schema)} >= open_before, "a job the worker ran is gone"
+
+
+def test_the_pruner_role_of_the_docs_may_prune(
+    app: SyncLane, dsn: str, db: psycopg.Connection[Any], schema: str
+) -> None:
+    """The grants docs/operations.md gives a role that runs `synclane prune` are enough."""
+    import re
+    import uuid
+
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "operations.md").read_text(
+        encoding="utf-8"
+    )
+    (grants,) = re.findall(r"```sql\n(CREATE ROLE synclane_pruner.*?)```", text, re.S)
+    role = f"synclane_pruner_{uuid.uuid4().hex[:8]}"
+    grants = grants.replace("synclane_pruner", role)
+    grants = re.sub(r"\bsynclane(?=\.|;|\s+TO\b)", sql.Identifier(schema).as_string(None), grants)
+    declare(app)
+    two_days_of_refreshes(app, db, schema)
+    db.execute(grants)
+    try:
+        params = {k: v for k, v in conninfo_to_dict(dsn).items() if k not in ("user", "password")}
+        pruner = SyncLane(
+            make_conninfo("", **params, user=role, password="change me as well"), schema=schema
+        )
+        try:
+            declare(pruner)
+            assert pruner.prune(older_than=5 * HOUR) > 60
+        finally:
+            pruner.close()
+    finally:
+        db.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+        db.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+    assert app.plan() == {"shops": 0}
