@@ -136,6 +136,24 @@ def test_a_requeued_job_wakes_an_idle_worker(
         app.close()
 
 
+def test_resuming_a_queue_wakes_an_idle_worker_for_the_jobs_that_piled_up(
+    dsn: str, schema: str, db: psycopg.Connection[Any]
+) -> None:
+    settings, app = _prepare(dsn, schema, db)
+    try:
+        with worker_processes(settings, 1):
+            _ready(db, schema)
+            app.pause("q", "the warehouse is down")
+            job_id = app.enqueue("q", "acme", "sync")
+            time.sleep(0.5)
+            assert _first_start(db, schema, job_id) is None, "a paused queue started a job"
+            asked = _now(db)
+            assert app.resume("q") is True
+            assert _seconds_to_start(db, schema, job_id, asked) < WOKEN_WITHIN
+    finally:
+        app.close()
+
+
 def test_notify_work_wakes_workers_when_the_transaction_commits(
     dsn: str, schema: str, db: psycopg.Connection[Any]
 ) -> None:

@@ -107,9 +107,16 @@ ON CONFLICT (queue) DO UPDATE SET reason = excluded.reason
 RETURNING paused_at, paused_by, reason;
 
 -- name: resume_queue
--- takes from the queue again, in every process
-DELETE FROM {schema}.queue_pauses WHERE queue = %(queue)s
-RETURNING paused_at;
+-- takes from the queue again, in every process, and wakes the queue's idle slots when it commits
+-- (the jobs that piled up during the pause are due now, not at the next poll)
+WITH resumed AS (
+    DELETE FROM {schema}.queue_pauses WHERE queue = %(queue)s
+    RETURNING paused_at
+),
+woken AS (
+    SELECT pg_notify({channel}, %(queue)s) FROM resumed
+)
+SELECT paused_at, (SELECT count(*) FROM woken) AS woken FROM resumed;
 
 -- name: set_lane_rate
 -- a lane's own rate (an account on a bigger plan), or none (the queue's applies again); takes
