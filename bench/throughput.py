@@ -8,6 +8,12 @@ per round on the same server: `pgbench -N -c 4 -T 10` (simple updates, 4 clients
 same workload on procrastinate and pgqueuer (bench/peers.py). The issue's goal, a ratio of 0.5
 to pgbench, is what two commits a job would reach; synclane's slots share commits (one statement
 completes the jobs they finished and takes their next ones), so it can do better.
+
+Flow control (docs/flow-control.md): each round also runs the in-step workload with a queue cap
+(`max_running=8`, as many as the slots, so that it never holds a slot back and the figure is its
+cost alone: a free slot number is drawn and carried by a unique index) and with a lane rate
+(`lane_rate=(1000, 1 s)`, far above what a lane reaches here, so that each page start is counted
+and checked in the lane's row without ever waiting).
 """
 
 from __future__ import annotations
@@ -32,14 +38,21 @@ PEERS = ("procrastinate", "pgqueuer")
 UNEVEN_PAGE = 0.002  # seconds: the longest page of the out-of-step run
 
 
-def _worker(dsn: str, schema: str, ready: Any, page_sleep: float) -> None:
+# Queue settings of the flow-control runs, by name.
+FLOW_CONTROL: dict[str, dict[str, Any]] = {
+    "max_running=8": {"max_running": 8},
+    "lane_rate=1000/s": {"lane_rate": (1000, 1.0)},
+}
+
+
+def _worker(dsn: str, schema: str, ready: Any, page_sleep: float, settings: dict[str, Any]) -> None:
     import asyncio
     import random
 
     from synclane import Page, SyncLane
 
     app = SyncLane(dsn, schema=schema, poll_interval=0.05, plan_interval=3600)
-    queue = app.queue("bench", concurrency=4)
+    queue = app.queue("bench", concurrency=4, **settings)
 
     @queue.snapshot("noop", every=86400)
     async def noop(job: Any) -> Page:
@@ -52,10 +65,16 @@ def _worker(dsn: str, schema: str, ready: Any, page_sleep: float) -> None:
 
 
 def synclane_rate(
-    dsn: str, jobs: int, lanes: int = 50, processes: int = 2, page_sleep: float = 0.0
+    dsn: str,
+    jobs: int,
+    lanes: int = 50,
+    processes: int = 2,
+    page_sleep: float = 0.0,
+    settings: dict[str, Any] | None = None,
 ) -> tuple[float, float]:
     """Jobs per second, and jobs per take statement. With page_sleep, each page waits a random
-    time up to that many seconds, so that slots finish out of step."""
+    time up to that many seconds, so that slots finish out of step; `settings` are the queue's
+    (flow control)."""
     with fresh_schema(dsn) as schema:
         from synclane import SyncLane
 
@@ -73,7 +92,7 @@ def synclane_rate(
         context = multiprocessing.get_context("spawn")
         events = [context.Event() for _ in range(processes)]
         workers = [
-            context.Process(target=_worker, args=(dsn, schema, event, page_sleep))
+            context.Process(target=_worker, args=(dsn, schema, event, page_sleep, settings or {}))
             for event in events
         ]
         for worker in workers:
@@ -134,10 +153,13 @@ def main(jobs: int = 4000, rounds: int = 3, pgbench_seconds: int = 10) -> list[s
     rates: dict[str, list[float]] = {"synclane": [], "pgbench": [], **{p: [] for p in PEERS}}
     takes: dict[str, list[float]] = {"in step": [], "out of step": []}
     uneven: list[float] = []
+    controlled: dict[str, list[float]] = {name: [] for name in FLOW_CONTROL}
     for number in range(rounds):
         rate, per_take = synclane_rate(dsn, jobs)
         rates["synclane"].append(rate)
         takes["in step"].append(per_take)
+        for name, settings in FLOW_CONTROL.items():
+            controlled[name].append(synclane_rate(dsn, jobs, settings=settings)[0])
         rate, per_take = synclane_rate(dsn, jobs, page_sleep=UNEVEN_PAGE)
         uneven.append(rate)
         takes["out of step"].append(per_take)
@@ -159,7 +181,14 @@ def main(jobs: int = 4000, rounds: int = 3, pgbench_seconds: int = 10) -> list[s
         f"{statistics.median(takes['in step']):.1f}",
         f"synclane, pages of 0–{UNEVEN_PAGE * 1000:.0f} ms at random (slots out of step): median "
         f"{statistics.median(uneven):.0f} jobs/s, "
-        f"{statistics.median(takes['out of step']):.1f} jobs per take statement",
+        f"{statistics.median(takes['out of step']):.1f} jobs per take statement "
+        f"(÷ pgbench: {statistics.median(uneven) / median['pgbench']:.2f})",
+        *(
+            f"synclane with {name}: median {statistics.median(values):.0f} jobs/s "
+            f"(÷ pgbench: {statistics.median(values) / median['pgbench']:.2f}, "
+            f"÷ without: {statistics.median(values) / median['synclane']:.2f})"
+            for name, values in controlled.items()
+        ),
         *(
             f"{name} {version(name)}, 2 processes × 4: median {median[name]:.0f} jobs/s"
             for name in PEERS
