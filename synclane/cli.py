@@ -21,11 +21,12 @@ from typing import TYPE_CHECKING, NoReturn
 
 import psycopg
 
-from synclane import __version__, cli_args, cli_table, cli_work
+from synclane import cli_args, cli_table, cli_work
 from synclane.app import DatabaseUnavailable, OwnerSourceError
 from synclane.cli_args import MAX_LIMIT, PROXY_HELP, PUBLIC_HOST_HELP, REMOTE_HELP, UsageError
 from synclane.errors import SchemaError, first_line
 from synclane.model import STATUSES, ConfigError
+from synclane.version import __version__
 
 if TYPE_CHECKING:
     from synclane.terminal import Terminal
