@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from synclane import cli_args
 from synclane.app import SyncLane, redact
 from synclane.cli_args import UsageError
+from synclane.model import IDLE_GRACE
 
 if TYPE_CHECKING:
     from synclane.terminal import Terminal
@@ -64,7 +65,6 @@ def _work(
     metrics_at: tuple[str, int] | None = None,
 ) -> int:
     from synclane.terminal import EventPrinter, left_open, report_text, timer
-    from synclane.worker import IDLE_GRACE
 
     grace = IDLE_GRACE if idle_grace is None else timedelta(seconds=idle_grace)
     listeners: list[Callable[..., object]] = [EventPrinter(app)]

@@ -14,6 +14,10 @@ Mode = Literal["initial", "recurring", "manual"]
 # jobs back, or it died (stopped beating, or its session to PostgreSQL is gone).
 WORKER_STATES = ("running", "stopping", "lost")
 
+# A worker working "until idle" waits for jobs that become due within this long (a retry, a lane
+# whose throttle ends soon) before it calls itself idle.
+IDLE_GRACE = timedelta(seconds=30)
+
 # Longest text synclane stores for a name (queue, owner, lane, type, dedup key), in bytes of
 # UTF-8: four of them make one entry of the dedup index, which must fit PostgreSQL's btree limit
 # (about 2,700 bytes) whatever the script. And the longest error, in characters.
