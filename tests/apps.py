@@ -58,17 +58,23 @@ def connected_shops(queue: str) -> list[Owner]:
     return list(OWNERS)
 
 
-def build(dsn: str, schema: str) -> SyncLane:
-    """The same app in every process: one queue, a snapshot type and a windowed type."""
+# How often the app of build() refreshes orders: a planner that straddles the edge of such a
+# period plans two periods (workers.wait_until_away_from_a_period_edge).
+ORDERS_EVERY = timedelta(minutes=15)
+
+
+def build(dsn: str, schema: str, source: Callable[[str], Any] = connected_shops) -> SyncLane:
+    """The same app in every process: one queue, a snapshot type and a windowed type; its
+    owners come from `source` (default: the forty shops)."""
     app = SyncLane(dsn, schema=schema)
     shops = app.queue("shops", concurrency=2)
-    shops.owners(connected_shops)
+    shops.owners(source)
 
     @shops.windowed(
         "orders",
         horizon=timedelta(days=730),
         slice=timedelta(days=30),
-        every=timedelta(minutes=15),
+        every=ORDERS_EVERY,
         overlap=timedelta(minutes=5),
     )
     def orders(job: Job) -> Page:
