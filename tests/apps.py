@@ -46,6 +46,32 @@ def products_queue(
     return queue
 
 
+# Three accounts; acme-us and acme-eu share the lane acme, and with it a rate limit.
+ACCOUNTS = [Owner("acme-us", lane="acme"), Owner("acme-eu", lane="acme"), Owner("globex")]
+
+
+def orders_and_products(
+    app: SyncLane,
+    owners: Iterable[Owner] = ACCOUNTS,
+    *,
+    horizon: timedelta = 120 * DAY,
+    every: timedelta = timedelta(minutes=15),
+    overlap: timedelta = timedelta(0),
+    name: str = "shops",
+    **settings: Any,
+) -> Queue:
+    """Queue `name` (declared with `settings`) with the two types most tests sync, each page
+    `done`: `orders`, windowed in 30-day slices back to `horizon` and refreshed `every` (each
+    refresh reaching `overlap` back), then a daily snapshot `products`. Its owner source answers
+    `owners`."""
+    queue = app.queue(name, **settings)
+    connected = list(owners)
+    queue.owners(lambda queue_name: connected)
+    queue.windowed("orders", horizon=horizon, slice=30 * DAY, every=every, overlap=overlap)(done)
+    queue.snapshot("products", every=DAY)(done)
+    return queue
+
+
 # Forty shops in seven lanes: owners that share a lane share a rate limit.
 OWNERS = [Owner(f"shop-{n:03d}", lane=f"lane-{n % 7}") for n in range(40)]
 

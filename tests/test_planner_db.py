@@ -268,7 +268,7 @@ def test_planning_an_owner_the_source_does_not_return_creates_nothing(app, db, s
 
 
 def test_planning_a_queue_without_an_owner_source_names_the_decorator(app, db, schema):
-    app.queue("shops").snapshot("products", every=DAY)(lambda job: Page(None))
+    apps.products_queue(app)
 
     with pytest.raises(ConfigError, match=re.escape("@shops.owners")):
         app.plan("shops")
