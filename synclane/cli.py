@@ -98,7 +98,8 @@ def parser() -> argparse.ArgumentParser:
         "--speed",
         type=cli_args.speed,
         default=1.0,
-        help="time factor: 1 is a pace to follow (about two minutes), 0.1 ten times faster",
+        help="time factor: 1 is a pace to follow (the shop fixes its broken page about a minute "
+        "in), 0.1 ten times faster",
     )
     demo.add_argument(
         "--for", dest="seconds", type=cli_args.seconds, help="stop after this many seconds"
