@@ -242,8 +242,8 @@ def parser() -> argparse.ArgumentParser:
     requeue.add_argument(
         "--cause",
         type=name("--cause"),
-        help="only the jobs of this cause, its full text as app.failures() gives it "
-        "(--cause-id is shorter)",
+        help="only the jobs of this cause, its full text: the cause column of `synclane "
+        "failures`, without its e.g. line (--cause-id is shorter)",
     )
     requeue.add_argument("--include-cancelled", action="store_true", help="cancelled jobs too")
 
