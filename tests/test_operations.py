@@ -1,5 +1,5 @@
-"""The operations on jobs (DESIGN §6): enqueue, requeue, cancel, jobs, progress, and the
-configuration errors that fail at declaration."""
+"""The operations on jobs (the README's Operations table; docs/sdk.md for jobs and progress):
+enqueue, requeue, cancel, jobs, progress, and the configuration errors that fail at declaration."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Planning against a real PostgreSQL (DESIGN §4): no duplicates, no gaps, no shifts."""
+"""Planning against a real PostgreSQL (docs/planning.md): no duplicates, no gaps, no shifts."""
 
 from __future__ import annotations
 
