@@ -8,6 +8,7 @@ from synclane.app import SyncLane
 from synclane.errors import DatabaseUnavailable, OwnerSourceError, SchemaError
 from synclane.model import Abandon, ConfigError, Job, Owner, Page, Rate, Throttled
 from synclane.queues import Queue
+from synclane.version import __version__ as __version__
 
 __all__ = [
     "Abandon",
@@ -23,4 +24,3 @@ __all__ = [
     "SyncLane",
     "Throttled",
 ]
-__version__ = "0.2.0"

@@ -16,7 +16,15 @@ import psycopg
 from synclane.connection import Database, check_dsn, redact
 from synclane.errors import DatabaseUnavailable, OwnerSourceError, SchemaError
 from synclane.events import Listener
-from synclane.model import ConfigError, Owner, QueueSettings, Rate, check_name, to_duration
+from synclane.model import (
+    IDLE_GRACE,
+    ConfigError,
+    Owner,
+    QueueSettings,
+    Rate,
+    check_name,
+    to_duration,
+)
 from synclane.operations import REQUEUE_STATUSES, Operations, check_conn
 from synclane.owners import connected_owners
 from synclane.planner import Planner
@@ -349,7 +357,7 @@ class SyncLane(Reads):
         stop_after: timedelta | float | None = None,
         *,
         until_idle: bool = False,
-        idle_grace: timedelta | float = timedelta(seconds=30),
+        idle_grace: timedelta | float = IDLE_GRACE,
         stop_grace: timedelta | float = timedelta(0),
         on_event: Listener | Iterable[Listener] | None = None,
     ) -> Worker:
@@ -379,7 +387,7 @@ class SyncLane(Reads):
         stop_after: timedelta | float | None = None,
         *,
         until_idle: bool = False,
-        idle_grace: timedelta | float = timedelta(seconds=30),
+        idle_grace: timedelta | float = IDLE_GRACE,
         stop_grace: timedelta | float = timedelta(0),
         on_event: Listener | Iterable[Listener] | None = None,
     ) -> dict[str, int]:
@@ -404,7 +412,7 @@ class SyncLane(Reads):
         stop_after: timedelta | float | None = None,
         *,
         until_idle: bool = False,
-        idle_grace: timedelta | float = timedelta(seconds=30),
+        idle_grace: timedelta | float = IDLE_GRACE,
         stop_grace: timedelta | float = timedelta(0),
         on_event: Listener | Iterable[Listener] | None = None,
     ) -> dict[str, int]:

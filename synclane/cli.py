@@ -5,28 +5,28 @@ table does not know, a database that cannot be reached: one line on stderr names
 --until-idle` or `plan --work` stopped with jobs left open or waiting for a human (the last
 lines say which and why); 1 an unexpected error (one line; `--traceback` shows where); 130
 interrupted. Results go to stdout; log lines and the progress bar to stderr (synclane.terminal).
+
+Here: the parser and `main`. The commands are in `cli_work` (those that run a while) and
+`cli_table` (one-shot reads and fixes of the table); option values and shared help in `cli_args`.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import sys
-import threading
 import traceback
-import warnings
 from collections.abc import Callable, Sequence
-from datetime import timedelta
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import psycopg
 
-from synclane import __version__, cli_args
-from synclane.app import DatabaseUnavailable, OwnerSourceError, SyncLane, redact
-from synclane.cli_args import UsageError
-from synclane.errors import SchemaError
+from synclane import cli_args, cli_table, cli_work
+from synclane.app import DatabaseUnavailable, OwnerSourceError
+from synclane.cli_args import MAX_LIMIT, PROXY_HELP, PUBLIC_HOST_HELP, REMOTE_HELP, UsageError
+from synclane.errors import SchemaError, first_line
 from synclane.model import STATUSES, ConfigError
+from synclane.version import __version__
 
 if TYPE_CHECKING:
     from synclane.terminal import Terminal
@@ -39,375 +39,6 @@ USER_ERRORS = (
     psycopg.OperationalError,
 )
 EXIT_MISTAKE = 2
-EXIT_WORK_LEFT = 3
-MAX_LIMIT = 100_000  # rows `jobs` prints; more is a job for SQL or app.jobs()
-
-
-# -- commands: each returns the exit status -------------------------------------------------
-
-
-def cmd_migrate(args: argparse.Namespace, term: Terminal) -> int:
-    if args.app or os.environ.get("SYNCLANE_APP"):
-        app = cli_args.load_app(args)
-    else:
-        app = SyncLane(args.dsn or None, schema=args.schema or "synclane")
-    term.say(f"schema {app.schema!r} is at version {app.migrate()}")
-    return 0
-
-
-def cmd_plan(args: argparse.Namespace, term: Terminal) -> int:
-    app = cli_args.load_app(args)
-    queues = cli_args.queues(app, args.queue, one=args.owner is not None)
-    cli_args.check_type(app, queues, args.type)
-    horizon = None if args.horizon_days is None else timedelta(days=args.horizon_days)
-    queue = args.queue or (queues[0] if args.owner else None)
-    if queue is not None and args.owner is not None:
-        cli_args.check_connected(app, queue, args.owner)
-    added = app.plan(queue, args.owner, horizon=horizon, type=args.type)
-    for name, count in added.items():
-        term.say(f"{name}: {count} new job(s)")
-    if args.work:
-        return _work(app, queues, None, True, args.idle_grace, term)
-    return 0
-
-
-def cmd_work(args: argparse.Namespace, term: Terminal) -> int:
-    if args.idle_grace is not None and not args.until_idle:
-        raise UsageError("argument --idle-grace: only means something with --until-idle")
-    if args.metrics_host is not None and args.metrics_port is None:
-        raise UsageError("argument --metrics-host: only means something with --metrics-port")
-    app = cli_args.load_app(args)
-    queues = sorted({q for name in args.queue or [None] for q in cli_args.queues(app, name)})
-    metrics = None
-    if args.metrics_port is not None:
-        metrics = (args.metrics_host or "127.0.0.1", args.metrics_port)
-    return _work(app, queues, args.seconds, args.until_idle, args.idle_grace, term, metrics)
-
-
-def _work(
-    app: SyncLane,
-    queues: Sequence[str],
-    seconds: float | None,
-    until_idle: bool,
-    idle_grace: float | None,
-    term: Terminal,
-    metrics_at: tuple[str, int] | None = None,
-) -> int:
-    from synclane.terminal import EventPrinter, left_open, report_text, timer
-    from synclane.worker import IDLE_GRACE
-
-    grace = IDLE_GRACE if idle_grace is None else timedelta(seconds=idle_grace)
-    listeners: list[Callable[..., object]] = [EventPrinter(app)]
-    with contextlib.ExitStack() as serving:
-        if metrics_at is not None:
-            listeners.append(_serve_metrics(app, queues, *metrics_at, term, serving))
-        elapsed = timer()
-        with term.progress(lambda: app.open_jobs(queues), "working") as bar:
-            worker = app.worker(
-                queues, seconds, until_idle=until_idle, idle_grace=grace,
-                on_event=[*listeners, bar],
-            )  # fmt: skip
-            report = worker.run()
-    term.say(f"worker stopped after {elapsed():.0f} s: {report_text(report)}")
-    left = left_open(app, queues)
-    for line in left or ["nothing left open"]:
-        term.say(line)
-    return EXIT_WORK_LEFT if until_idle and left else 0
-
-
-def _serve_metrics(
-    app: SyncLane,
-    queues: Sequence[str],
-    host: str,
-    port: int,
-    term: Terminal,
-    serving: contextlib.ExitStack,
-) -> Callable[..., object]:
-    """Serve the worker's Prometheus metrics until `serving` closes; returns their listener."""
-    from synclane.metrics import Metrics
-
-    metrics = Metrics(app.database, queues)
-    serving.callback(metrics.close)
-    try:
-        server = metrics.serve(port, host)
-    except OSError as error:
-        raise UsageError(
-            f"argument --metrics-port: cannot listen on {host}:{port} "
-            f"({error.strerror or error}); choose another port, or 0 for any free one"
-        ) from None
-    serving.callback(server.close)
-    term.say(f"metrics on {server.url}")
-    return metrics
-
-
-def cmd_workers(args: argparse.Namespace, term: Terminal) -> int:
-    from synclane.terminal import WORKER_COLUMNS, workers_summary
-
-    if args.app or os.environ.get("SYNCLANE_APP"):
-        app = cli_args.load_app(args)
-        frame = app.workers(cli_args.queues(app, args.queue)[0] if args.queue else None)
-    else:
-        app = SyncLane(args.dsn or None, schema=args.schema or "synclane", create_schema=False)
-        frame = app.workers()
-        if args.queue:  # no app to check the name against: as given
-            frame = frame[frame["queues"].map(lambda queues: args.queue in queues)]
-    term.table(frame, WORKER_COLUMNS, "no worker: none runs, and none died in the last hour")
-    if not frame.empty:
-        term.say(workers_summary(frame))
-    return 0
-
-
-def cmd_jobs(args: argparse.Namespace, term: Terminal) -> int:
-    from synclane.terminal import JOB_COLUMNS
-
-    app = cli_args.load_app(args)
-    queues = cli_args.queues(app, args.queue)
-    cli_args.check_type(app, queues, args.type)
-    frame = app.jobs(args.queue, args.owner, args.status, args.type, args.limit)
-    if frame.empty:
-        cli_args.check_owner(app, queues, args.owner)
-    term.table(frame, JOB_COLUMNS, "no jobs match" if args.owner or args.status else "no jobs")
-    return 0
-
-
-def cmd_progress(args: argparse.Namespace, term: Terminal) -> int:
-    from synclane.terminal import PROGRESS_COLUMNS
-
-    app = cli_args.load_app(args)
-    queues = cli_args.queues(app, args.queue)
-    cli_args.check_type(app, queues, args.type)
-    for queue in queues:
-        if len(queues) > 1:
-            term.say(f"== {queue}")
-        with warnings.catch_warnings(record=True) as cut:
-            warnings.simplefilter("always")
-            frame = app.progress(queue, args.owner, args.type)
-        if frame.empty:
-            cli_args.check_owner(app, queues, args.owner)
-        term.table(frame, PROGRESS_COLUMNS, "nothing planned yet")
-        for warning in cut:  # a long answer was cut: say so in one line, not as a warning
-            term.say(str(warning.message).splitlines()[0])
-    return 0
-
-
-def cmd_failures(args: argparse.Namespace, term: Terminal) -> int:
-    from synclane.terminal import FAILURE_COLUMNS
-
-    app = cli_args.load_app(args)
-    queues = cli_args.queues(app, args.queue)
-    cli_args.check_type(app, queues, args.type)
-    frame = app.failures(args.queue, args.owner, args.type)
-    if frame.empty:
-        cli_args.check_owner(app, queues, args.owner)
-    term.table(frame, FAILURE_COLUMNS, "no open failures")
-    if not frame.empty:
-        term.say(
-            "`synclane requeue --cause-id ID` gives the jobs of a cause fresh attempts (add "
-            "--queue where the app has several); `synclane jobs --status abandoned` lists the "
-            "jobs that wait for a human"
-        )
-    return 0
-
-
-def cmd_requeue(args: argparse.Namespace, term: Terminal) -> int:
-    app = cli_args.load_app(args)
-    (queue,) = cli_args.queues(app, args.queue, one=True)
-    cli_args.check_type(app, [queue], args.type)
-    count = app.requeue(
-        queue,
-        args.owner,
-        args.type,
-        ids=args.id or None,
-        include_cancelled=args.include_cancelled,
-        cause=args.cause,
-        cause_id=args.cause_id,
-    )
-    if count:
-        term.say(f"requeued {count} job(s) in queue {queue}")
-        return 0
-    narrowed = cli_args.filters(owner=args.owner, type=args.type)
-    if args.cause_id or args.cause:
-        named = f"cause id {args.cause_id}" if args.cause_id else f"cause {args.cause!r}"
-        raise UsageError(
-            f"no open failure matches {named} in queue {queue}{narrowed}: `synclane failures` "
-            "lists the open causes and their ids"
-        )
-    if args.id:
-        found = app.jobs(queue, ids=args.id, limit=len(args.id))
-        missing = sorted(set(args.id) - {int(i) for i in found["id"]})
-        if missing:
-            raise UsageError(f"argument --id: queue {queue} has no job {missing[0]}")
-        states = ", ".join(f"job {r.id} is {r.status}" for r in found.itertuples())
-        term.say(f"nothing to requeue: {states}")
-        return 0
-    cli_args.check_owner(app, [queue], args.owner)
-    stopped = "failed, deferred, abandoned or cancelled"
-    if not args.include_cancelled:
-        stopped = "failed, deferred or abandoned"
-    term.say(f"nothing to requeue: no {stopped} job in queue {queue}{narrowed}")
-    return 0
-
-
-def cmd_cancel(args: argparse.Namespace, term: Terminal) -> int:
-    if args.owner is None:
-        raise UsageError("argument --owner is needed: whose unfinished jobs to cancel")
-    app = cli_args.load_app(args)
-    (queue,) = cli_args.queues(app, args.queue, one=True)
-    cli_args.check_type(app, [queue], args.type)
-    count = app.cancel(queue, args.owner, args.reason, type=args.type)
-    if not count:
-        cli_args.check_owner(app, [queue], args.owner)
-        term.say(f"nothing to cancel: {args.owner} has no unfinished job in queue {queue}")
-    else:
-        term.say(f"cancelled {count} job(s) of {args.owner} in queue {queue}")
-    return 0
-
-
-def cmd_pause(args: argparse.Namespace, term: Terminal) -> int:
-    app = cli_args.load_app(args)
-    (queue,) = cli_args.queues(app, args.queue, one=True)
-    pause = app.pause(queue, args.reason)
-    since = f"{pause['paused_at']:%Y-%m-%d %H:%M:%S} UTC"
-    term.say(
-        f"queue {queue} paused since {since} by {pause['paused_by']}: {pause['reason']}; "
-        "running jobs stop at their next page"
-    )
-    return 0
-
-
-def cmd_resume(args: argparse.Namespace, term: Terminal) -> int:
-    app = cli_args.load_app(args)
-    (queue,) = cli_args.queues(app, args.queue, one=True)
-    if app.resume(queue):
-        term.say(f"queue {queue} resumed")
-    else:
-        term.say(f"queue {queue} was not paused")
-    return 0
-
-
-def cmd_prune(args: argparse.Namespace, term: Terminal) -> int:
-    app = cli_args.load_app(args)
-    queue = cli_args.queues(app, args.queue, one=True)[0] if args.queue else None
-    deleted = app.prune(queue, older_than=timedelta(days=args.older_than_days))
-    where = f" in queue {queue}" if queue else ""
-    term.say(f"pruned {deleted} finished row(s) older than {args.older_than_days:g} day(s){where}")
-    return 0
-
-
-def cmd_dashboard(args: argparse.Namespace, term: Terminal) -> int:
-    from synclane import dashboard
-
-    dashboard.serve(
-        cli_args.load_app(args),
-        host=args.host,
-        port=args.port,
-        allow_remote=args.allow_remote,
-        trust_proxy=args.trust_proxy,
-        on_ready=lambda url: print(f"synclane dashboard on {url} (Ctrl-C stops it)", flush=True),
-        **_page_options(args),
-    )
-    return 0
-
-
-def _page_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The page's options from `dashboard` and `demo`; the login secret from the environment
-    (never a flag: the command line shows in `ps`)."""
-    from synclane.dashboard import LOGIN_SECRET_ENV
-
-    return {
-        "public_hosts": args.public_host or (),
-        "login_secret": os.environ.get(LOGIN_SECRET_ENV) or None,
-    }
-
-
-PUBLIC_HOST_HELP = (
-    "another name the page is reached by (a proxy's public name, this machine's address); "
-    "repeat for several. The page answers only to its own address and these names"
-)
-REMOTE_HELP = (
-    "listen on a host other machines can reach; needs a login secret of 16+ characters in "
-    "$SYNCLANE_DASHBOARD_SECRET"
-)
-PROXY_HELP = "accept requests forwarded by a proxy (X-Forwarded-*); the proxy or the login guards"
-
-
-def cmd_demo(args: argparse.Namespace, term: Terminal) -> int:
-    from synclane import dashboard
-    from synclane.demo import build_demo, data_schema_for
-    from synclane.demo.story import Story
-    from synclane.demo.story import log as story_log
-    from synclane.events import EventLog, Listener
-    from synclane.terminal import EventPrinter, left_open, report_text
-
-    schema = args.schema or "synclane"
-    demo = build_demo(args.dsn or None, schema, args.speed, data_schema=data_schema_for(schema))
-    if not args.keep:
-        demo.reset()  # each run tells the story from the start
-    app = demo.app
-    where = "the embedded PostgreSQL" if app.embedded else redact(app.dsn)
-    server = None
-    events = EventLog()  # what the page's events panel shows: the worker's and the story's
-    if not args.no_page:
-        server = dashboard.make_server(
-            app,
-            host=args.host,
-            port=args.port,
-            allow_remote=args.allow_remote,
-            trust_proxy=args.trust_proxy,
-            events=events,
-            **_page_options(args),
-        )
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        term.say(f"synclane demo on {where}: open {server.url}")
-    else:
-        term.say(f"synclane demo on {where}")
-    command = "synclane" + (f" --schema {schema}" if schema != "synclane" else "")
-    command += " --app synclane.demo.app:app"
-    same_dsn = " (with the same --dsn)" if args.dsn else ""
-    term.say(f"Ctrl-C stops it; `{command} jobs` shows the table from another terminal{same_dsn}")
-
-    def say(text: str) -> None:
-        story_log.info("%s", text)
-        events.note(text)
-
-    story = Story(demo, command=command, say=say)
-    story.intro(sum(app.plan().values()), kept=args.keep)
-    try:
-        with term.progress(lambda: app.open_jobs(), "demo") as bar:
-            listeners: list[Listener] = [EventPrinter(app), story, bar, events]
-            worker = app.worker(None, args.seconds, on_event=listeners)
-            report = worker.run()
-    finally:
-        story.close()
-        if server is not None:
-            server.shutdown()
-            server.server_close()
-    term.say(f"demo stopped: {report_text(report)}")
-    for line in left_open(app, list(app.queues)) or ["nothing left open"]:
-        term.say(line)
-    demo.close()
-    return 0
-
-
-def cmd_serve(args: argparse.Namespace, term: Terminal) -> int:
-    path: str | None = args.app or os.environ.get("SYNCLANE_APP")
-    if not path:
-        raise UsageError("no app: pass --app package.module:app or set SYNCLANE_APP")
-    try:
-        from synclane.prefect.serve import serve
-    except ImportError:
-        raise UsageError(
-            "`synclane serve` runs Prefect deployments: install the extra with "
-            "pip install 'synclane[prefect]'"
-        ) from None
-    term.say(f"serving the Prefect deployments of {path} (Ctrl-C stops them)")
-    serve(
-        path,
-        dsn=args.dsn or None,
-        work_budget_seconds=args.work_budget,
-        work_runs=args.work_runs,
-    )
-    return 0
 
 
 # -- the parser -----------------------------------------------------------------------------
@@ -452,7 +83,7 @@ def parser() -> argparse.ArgumentParser:
     name = cli_args.name
     demo = command(
         "demo",
-        cmd_demo,
+        cli_work.cmd_demo,
         "run the demo shop with workers and its page (docs/demo.md tells its story)",
         "synclane demo                 # the story at its own pace, page on 127.0.0.1:8080",
         "synclane demo --speed 0.2     # five times faster",
@@ -467,7 +98,8 @@ def parser() -> argparse.ArgumentParser:
         "--speed",
         type=cli_args.speed,
         default=1.0,
-        help="time factor: 1 is a pace to follow (about two minutes), 0.1 ten times faster",
+        help="time factor: 1 is a pace to follow (the shop fixes its broken page about a minute "
+        "in), 0.1 ten times faster",
     )
     demo.add_argument(
         "--for", dest="seconds", type=cli_args.seconds, help="stop after this many seconds"
@@ -479,7 +111,7 @@ def parser() -> argparse.ArgumentParser:
 
     command(
         "migrate",
-        cmd_migrate,
+        cli_table.cmd_migrate,
         "create or upgrade the schema",
         "synclane migrate --schema synclane",
         "synclane --app mysync.app:app migrate",
@@ -487,7 +119,7 @@ def parser() -> argparse.ArgumentParser:
 
     plan = command(
         "plan",
-        cmd_plan,
+        cli_work.cmd_plan,
         "insert the jobs that should exist and do not",
         "synclane --app mysync.app:app plan",
         "synclane --app mysync.app:app plan --queue shops --owner globex",
@@ -507,7 +139,7 @@ def parser() -> argparse.ArgumentParser:
 
     work = command(
         "work",
-        cmd_work,
+        cli_work.cmd_work,
         "run worker slots until stopped, for a time, or until idle",
         "synclane --app mysync.app:app work              # until Ctrl-C or SIGTERM",
         "synclane --app mysync.app:app work --for 540    # a time budget",
@@ -547,7 +179,7 @@ def parser() -> argparse.ArgumentParser:
 
     workers = command(
         "workers",
-        cmd_workers,
+        cli_table.cmd_workers,
         "the worker processes sharing the table: what they work, how busy, last seen, lost ones",
         "synclane --app mysync.app:app workers",
         "synclane --dsn postgresql://... --schema synclane workers",
@@ -556,7 +188,7 @@ def parser() -> argparse.ArgumentParser:
 
     jobs = command(
         "jobs",
-        cmd_jobs,
+        cli_table.cmd_jobs,
         "list jobs, newest first",
         "synclane --app mysync.app:app jobs --status failed",
         "synclane --app mysync.app:app jobs --owner globex --limit 200",
@@ -572,7 +204,7 @@ def parser() -> argparse.ArgumentParser:
 
     progress = command(
         "progress",
-        cmd_progress,
+        cli_table.cmd_progress,
         "how far each owner's first load is",
         "synclane --app mysync.app:app progress --queue shops",
     )
@@ -580,7 +212,7 @@ def parser() -> argparse.ArgumentParser:
 
     failures = command(
         "failures",
-        cmd_failures,
+        cli_table.cmd_failures,
         "open failures grouped by cause, each with a short id that `requeue --cause-id` takes",
         "synclane --app mysync.app:app failures --queue shops",
     )
@@ -588,7 +220,7 @@ def parser() -> argparse.ArgumentParser:
 
     requeue = command(
         "requeue",
-        cmd_requeue,
+        cli_table.cmd_requeue,
         "fresh attempts for failed, deferred and abandoned jobs; each continues at its cursor",
         "synclane --app mysync.app:app requeue --cause-id 3f2a9c1b",
         "synclane --app mysync.app:app requeue --queue shops --owner globex",
@@ -610,14 +242,14 @@ def parser() -> argparse.ArgumentParser:
     requeue.add_argument(
         "--cause",
         type=name("--cause"),
-        help="only the jobs of this cause, its full text as app.failures() gives it "
-        "(--cause-id is shorter)",
+        help="only the jobs of this cause, its full text: the cause column of `synclane "
+        "failures`, without its e.g. line (--cause-id is shorter)",
     )
     requeue.add_argument("--include-cancelled", action="store_true", help="cancelled jobs too")
 
     cancel = command(
         "cancel",
-        cmd_cancel,
+        cli_table.cmd_cancel,
         "cancel what has not finished for an owner (an account disconnected)",
         "synclane --app mysync.app:app cancel --owner globex --reason 'account closed'",
     )
@@ -628,7 +260,7 @@ def parser() -> argparse.ArgumentParser:
 
     pause = command(
         "pause",
-        cmd_pause,
+        cli_table.cmd_pause,
         "stop taking from a queue in every process; running jobs stop at their next page",
         "synclane --app mysync.app:app pause --queue shops --reason 'warehouse maintenance'",
     )
@@ -640,7 +272,7 @@ def parser() -> argparse.ArgumentParser:
     )
     resume = command(
         "resume",
-        cmd_resume,
+        cli_table.cmd_resume,
         "take from a paused queue again",
         "synclane --app mysync.app:app resume --queue shops",
     )
@@ -649,7 +281,7 @@ def parser() -> argparse.ArgumentParser:
     )
     prune = command(
         "prune",
-        cmd_prune,
+        cli_table.cmd_prune,
         "delete finished rows older than N days that nothing needs any more (docs/operations.md)",
         "synclane --app mysync.app:app prune --older-than-days 30",
         "synclane --app mysync.app:app prune --queue shops --older-than-days 7",
@@ -665,7 +297,7 @@ def parser() -> argparse.ArgumentParser:
 
     page = command(
         "dashboard",
-        cmd_dashboard,
+        cli_work.cmd_dashboard,
         "serve the page for an app",
         "synclane --app mysync.app:app dashboard --port 8080",
     )
@@ -677,7 +309,7 @@ def parser() -> argparse.ArgumentParser:
 
     serve = command(
         "serve",
-        cmd_serve,
+        cli_work.cmd_serve,
         "serve the app's Prefect deployments (synclane[prefect])",
         "synclane --app mysync.app:app serve --work-budget 540",
     )
@@ -714,8 +346,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.traceback:
             traceback.print_exception(error, file=sys.stderr)
         else:
-            text = str(error).strip()
-            first = text.splitlines()[0] if text else type(error).__name__
+            first = first_line(error)
             if not mistake:
                 first = f"unexpected {type(error).__name__}: {first}"
             if not mistake or error.__cause__ is not None:  # where it came from may help

@@ -31,6 +31,22 @@ exit status: 0 done; 2 a mistake (one line says which option or name); 3 `work -
 """
 
 
+MAX_LIMIT = 100_000  # rows `jobs` prints; more is a job for SQL or app.jobs()
+
+# the options `dashboard` and `demo` share
+PUBLIC_HOST_HELP = (
+    "another name the page is reached by (a proxy's public name, this machine's address); "
+    "repeat for several. The page answers only to its own address and these names"
+)
+
+REMOTE_HELP = (
+    "listen on a host other machines can reach; needs a login secret of 16+ characters in "
+    "$SYNCLANE_DASHBOARD_SECRET"
+)
+
+PROXY_HELP = "accept requests forwarded by a proxy (X-Forwarded-*); the proxy or the login guards"
+
+
 def add_common(parser: argparse.ArgumentParser, default: object, *, title: str = "") -> None:
     """Options every command takes, before or after its name (listed under `title`)."""
     group = parser.add_argument_group(title) if title else parser

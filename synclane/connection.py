@@ -17,7 +17,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import AsyncConnectionPool
 
-from synclane.errors import DatabaseUnavailable
+from synclane.errors import DatabaseUnavailable, first_line
 from synclane.model import ConfigError
 from synclane.store import WORKER_SESSION, Store
 
@@ -82,7 +82,7 @@ def check_dsn(dsn: str) -> None:
     try:
         conninfo_to_dict(dsn)
     except psycopg.ProgrammingError as error:
-        first = str(error).splitlines()[0] if str(error) else "unreadable"
+        first = first_line(error, default="unreadable")
         # libpq quotes pieces of the string; keep only one-character ones such as "="
         reason = re.sub(r'"([^"]*)"', lambda m: m[0] if len(m[1]) <= 1 else '"…"', first)
         raise ConfigError(
@@ -129,10 +129,9 @@ class Database:
                 self.dsn, autocommit=True, connect_timeout=10, application_name="synclane"
             )
         except psycopg.OperationalError as error:
-            lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-            reason = lines[0] if lines else "no answer"
             raise DatabaseUnavailable(
-                f"cannot connect to {self.where}: {reason}. Check the DSN and that PostgreSQL runs."
+                f"cannot connect to {self.where}: {first_line(error, default='no answer')}. Check "
+                "the DSN and that PostgreSQL runs."
             ) from None
         conn.execute("SET TIME ZONE 'UTC'")
         return conn

@@ -46,10 +46,13 @@ def message_of(error: BaseException) -> str:
         return f"<unprintable {type(error).__name__} object>"
 
 
-def first_line(error: BaseException) -> str:
-    """The first line of the message, or the type's name when there is none."""
+def first_line(error: BaseException, default: str | None = None) -> str:
+    """The first line of the message, trimmed; when there is none, `default` (else the type's
+    name)."""
     text = message_of(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
+    if not text:
+        return type(error).__name__ if default is None else default
+    return text.splitlines()[0].strip()
 
 
 def storable(text: str, limit: int | None = None) -> str:

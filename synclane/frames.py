@@ -13,8 +13,7 @@ from typing import Any
 
 import pandas as pd
 
-from synclane.model import MODES, STATUSES
-from synclane.worker.presence import WORKER_STATES
+from synclane.model import MODES, STATUSES, WORKER_STATES
 
 # What `progress()` says about an owner and type; docs/sdk.md defines each.
 STATES = ("connecting", "loading", "loaded", "throttled", "failing", "abandoned", "cancelled")

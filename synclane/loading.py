@@ -7,7 +7,7 @@ import os
 import sys
 
 from synclane.app import DatabaseUnavailable, SyncLane
-from synclane.errors import SchemaError
+from synclane.errors import SchemaError, first_line
 from synclane.model import ConfigError
 
 
@@ -36,10 +36,10 @@ def load_app(app_path: str, dsn: str | None = None) -> SyncLane:
     except Exception as error:
         # The module's own code failed: one line with where and what, the traceback kept as
         # the cause (`synclane --traceback` shows it).
-        text = str(error).strip().splitlines()
+        first = first_line(error, default="")
         raise ConfigError(
             f"the app module {module_name!r} raised {type(error).__name__}"
-            + (f": {text[0]}" if text else "")
+            + (f": {first}" if first else "")
             + " while it was imported"
         ) from error
     app = getattr(module, attribute, None)

@@ -46,7 +46,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from synclane.connection import Database
 from synclane.errors import error_text
 from synclane.events import Event
-from synclane.worker.presence import WORKER_STATES
+from synclane.model import WORKER_STATES
 
 log = logging.getLogger("synclane")
 

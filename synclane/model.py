@@ -10,6 +10,13 @@ from typing import Literal
 STATUSES = ("pending", "running", "completed", "failed", "deferred", "abandoned", "cancelled")
 MODES = ("initial", "recurring", "manual")
 Mode = Literal["initial", "recurring", "manual"]
+# What the `workers` statement says of a worker: it beats, it was asked to stop and hands its
+# jobs back, or it died (stopped beating, or its session to PostgreSQL is gone).
+WORKER_STATES = ("running", "stopping", "lost")
+
+# A worker working "until idle" waits for jobs that become due within this long (a retry, a lane
+# whose throttle ends soon) before it calls itself idle.
+IDLE_GRACE = timedelta(seconds=30)
 
 # Longest text synclane stores for a name (queue, owner, lane, type, dedup key), in bytes of
 # UTF-8: four of them make one entry of the dedup index, which must fit PostgreSQL's btree limit

@@ -46,6 +46,32 @@ def products_queue(
     return queue
 
 
+# Three accounts; acme-us and acme-eu share the lane acme, and with it a rate limit.
+ACCOUNTS = [Owner("acme-us", lane="acme"), Owner("acme-eu", lane="acme"), Owner("globex")]
+
+
+def orders_and_products(
+    app: SyncLane,
+    owners: Iterable[Owner] = ACCOUNTS,
+    *,
+    horizon: timedelta = 120 * DAY,
+    every: timedelta = timedelta(minutes=15),
+    overlap: timedelta = timedelta(0),
+    name: str = "shops",
+    **settings: Any,
+) -> Queue:
+    """Queue `name` (declared with `settings`) with the two types most tests sync, each page
+    `done`: `orders`, windowed in 30-day slices back to `horizon` and refreshed `every` (each
+    refresh reaching `overlap` back), then a daily snapshot `products`. Its owner source answers
+    `owners`."""
+    queue = app.queue(name, **settings)
+    connected = list(owners)
+    queue.owners(lambda queue_name: connected)
+    queue.windowed("orders", horizon=horizon, slice=30 * DAY, every=every, overlap=overlap)(done)
+    queue.snapshot("products", every=DAY)(done)
+    return queue
+
+
 # Forty shops in seven lanes: owners that share a lane share a rate limit.
 OWNERS = [Owner(f"shop-{n:03d}", lane=f"lane-{n % 7}") for n in range(40)]
 
@@ -58,17 +84,23 @@ def connected_shops(queue: str) -> list[Owner]:
     return list(OWNERS)
 
 
-def build(dsn: str, schema: str) -> SyncLane:
-    """The same app in every process: one queue, a snapshot type and a windowed type."""
+# How often the app of build() refreshes orders: a planner that straddles the edge of such a
+# period plans two periods (workers.wait_until_away_from_a_period_edge).
+ORDERS_EVERY = timedelta(minutes=15)
+
+
+def build(dsn: str, schema: str, source: Callable[[str], Any] = connected_shops) -> SyncLane:
+    """The same app in every process: one queue, a snapshot type and a windowed type; its
+    owners come from `source` (default: the forty shops)."""
     app = SyncLane(dsn, schema=schema)
     shops = app.queue("shops", concurrency=2)
-    shops.owners(connected_shops)
+    shops.owners(source)
 
     @shops.windowed(
         "orders",
         horizon=timedelta(days=730),
         slice=timedelta(days=30),
-        every=timedelta(minutes=15),
+        every=ORDERS_EVERY,
         overlap=timedelta(minutes=5),
     )
     def orders(job: Job) -> Page:

@@ -4,14 +4,42 @@ sets to the machine's PostgreSQL 15, else the embedded one) and a schema per tes
 
 Installing synclane (`pip install -e '.[dev]'`) registers the plugin; where plugins are not
 loaded automatically (PYTEST_DISABLE_PLUGIN_AUTOLOAD) it is loaded here.
+
+The fixtures of this repository's own tests: `run` (the command line) and `roles` (the roles of
+docs/operations.md).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
 import pytest
+from command_line import Run, run_in_process
+from roles import documented_roles
+
+from synclane import SyncLane
 
 
 def pytest_configure(config: pytest.Config) -> None:
     plugins = config.pluginmanager
     if not (plugins.has_plugin("synclane") or plugins.has_plugin("synclane.testing_plugin")):
         plugins.import_plugin("synclane.testing_plugin")
+
+
+@pytest.fixture
+def run(
+    dsn: str, schema: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> Iterator[Run]:
+    """`run("plan")`: the `synclane` command on the test database and cli_app:app, in this
+    process (tests/command_line.py)."""
+    yield from run_in_process(dsn, schema, monkeypatch, capsys)
+
+
+@pytest.fixture
+def roles(db: psycopg.Connection[Any], schema: str, app: SyncLane) -> Iterator[dict[str, str]]:
+    """The worker and analyst roles of docs/operations.md on the test's schema (made by `app`),
+    under names of this test's own (tests/roles.py). Yields their names."""
+    with documented_roles(db, schema) as names:
+        yield names

@@ -10,12 +10,11 @@ import multiprocessing
 import os
 import random
 import traceback
-from datetime import timedelta
 from typing import Any
 
 import apps
 
-from synclane import Job, Owner, Page, SyncLane
+from synclane import Owner, SyncLane
 
 # Forty shops in seven lanes, as in tests/apps.py.
 OWNERS = apps.OWNERS
@@ -23,25 +22,7 @@ OWNERS = apps.OWNERS
 
 def shops_app(dsn: str, schema: str, source: Any) -> SyncLane:
     """The app of tests/apps.py with an owner source of the test's choosing."""
-    app = SyncLane(dsn, schema=schema)
-    shops = app.queue("shops", concurrency=2)
-    shops.owners(source)
-
-    @shops.windowed(
-        "orders",
-        horizon=timedelta(days=730),
-        slice=timedelta(days=30),
-        every=timedelta(minutes=15),
-        overlap=timedelta(minutes=5),
-    )
-    def orders(job: Job) -> Page:
-        return Page(None, 0)
-
-    @shops.snapshot("products", every=timedelta(days=1))
-    def products(job: Job) -> Page:
-        return Page(None, 0)
-
-    return app
+    return apps.build(dsn, schema, source)
 
 
 def plan_shuffled(dsn: str, schema: str, barrier: Any, results: Any) -> None:

@@ -1,6 +1,7 @@
-"""Bad input (issue 8): every invalid setting of DESIGN §6 fails fast with a ConfigError that
-names it; hostile strings are stored and shown as they are, or refused clearly, and never reach
-SQL as anything but a parameter; a hostile schema name is an identifier.
+"""Bad input (issue 8, docs/reliability.md): every invalid setting of the README's Configuration
+table fails fast with a ConfigError that names it; hostile strings are stored and shown as they
+are, or refused clearly, and never reach SQL as anything but a parameter; a hostile schema name
+is an identifier.
 
 (A schema made by a newer synclane is refused at start-up and at the first operation:
 tests/test_table.py. Here: a worker with create_schema=False refuses it too.)
@@ -29,12 +30,12 @@ from synclane.testing import make_app, running_worker, wait_for
 DAY = timedelta(days=1)
 PROPERTY = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
-# -- the oracle: what DESIGN §6 allows ---------------------------------------------------------
+# -- the oracle: what the README's Configuration table allows ------------------------------
 
 
 def as_duration(value: object) -> timedelta | None:
-    """The duration a value means, or None when it is not one (DESIGN §6: a timedelta, or
-    seconds as a number)."""
+    """The duration a value means, or None when it is not one (the README's Configuration:
+    a timedelta, or seconds as a number)."""
     if isinstance(value, timedelta):
         return value
     if isinstance(value, bool) or not isinstance(value, int | float):

@@ -8,11 +8,11 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psycopg
 import pytest
+from command_line import Run
 from psycopg import sql
 
 from synclane import cli
@@ -20,31 +20,7 @@ from synclane.store import SCHEMA_VERSION
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent
-Run = Callable[..., tuple[int, str, str]]
 PYTHON_WORDS = re.compile(r"timedelta|stop_after|app\.\w+\(|horizon=|limit=|\bNone\b")
-
-
-@pytest.fixture
-def run(
-    dsn: str, schema: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> Iterator[Run]:
-    """Run `synclane --dsn <test db> --app cli_app:app ...` in this process."""
-    monkeypatch.setenv("SYNCLANE_CLI_TEST_SCHEMA", schema)
-    # --dsn and --schema reach the app through the environment of this process: restored after
-    for name in ("SYNCLANE_APP", "SYNCLANE_DSN", "SYNCLANE_SCHEMA", "SYNCLANE_CLI_TEST_RETRY"):
-        monkeypatch.setenv(name, "")
-        monkeypatch.delenv(name)
-    monkeypatch.syspath_prepend(str(HERE))
-
-    def invoke(*words: str, app: bool = True) -> tuple[int, str, str]:
-        sys.modules.pop("cli_app", None)  # a fresh app (and schema) for every call
-        prefix = ["--dsn", dsn] + (["--app", "cli_app:app"] if app else [])
-        code = cli.main([*prefix, *words])
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    yield invoke
-    sys.modules.pop("cli_app", None)
 
 
 def _table(out: str) -> list[list[str]]:

@@ -1,6 +1,6 @@
-"""The dashboard (DESIGN §10): what /api/state shows, requeue through the page's POST, and the
-security model: loopback only, no proxies unless trusted, the Host must name the server, a
-requeue needs the page's token, a JSON body and a same-origin request, nothing is rendered from
+"""The dashboard (docs/dashboard.md): what /api/state shows, requeue through the page's POST,
+and the security model: loopback only, no proxies unless trusted, the Host must name the server,
+a requeue needs the page's token, a JSON body and a same-origin request, nothing is rendered from
 data on the server, and the DSN never leaves it. The page is served from a thread here;
 tests/test_dashboard_attacks.py attacks it as a process of its own."""
 

@@ -1,5 +1,5 @@
-"""The operations on jobs (DESIGN §6): enqueue, requeue, cancel, jobs, progress, and the
-configuration errors that fail at declaration."""
+"""The operations on jobs (the README's Operations table; docs/sdk.md for jobs and progress):
+enqueue, requeue, cancel, jobs, progress, and the configuration errors that fail at declaration."""
 
 from __future__ import annotations
 
@@ -11,10 +11,12 @@ from datetime import UTC, datetime, timedelta
 import pandas as pd
 import psycopg
 import pytest
+from apps import ACCOUNTS, done, orders_and_products
 from psycopg import sql
 from psycopg.rows import dict_row
+from workers import arrange, database_now, job_row
 
-from synclane import ConfigError, Job, Owner, Page, SyncLane
+from synclane import ConfigError, SyncLane
 
 DAY = timedelta(days=1)
 STATUSES = ["pending", "running", "completed", "failed", "deferred", "abandoned", "cancelled"]
@@ -28,26 +30,12 @@ TIMESTAMPS = [
     "heartbeat_at",
     "completed_at",
 ]
-OWNERS = [Owner("acme-us", lane="acme"), Owner("acme-eu", lane="acme"), Owner("globex")]
-
-
-def done(job: Job) -> Page:
-    return Page(None)
 
 
 @pytest.fixture
 def shops(app: SyncLane) -> SyncLane:
     """The app with queue 'shops': orders (windowed, 120 days in four slices), then products."""
-    queue = app.queue("shops")
-    queue.owners(lambda name: OWNERS)
-    queue.windowed(
-        "orders",
-        horizon=120 * DAY,
-        slice=30 * DAY,
-        every=timedelta(minutes=15),
-        overlap=timedelta(minutes=5),
-    )(done)
-    queue.snapshot("products", every=DAY)(done)
+    orders_and_products(app, ACCOUNTS, horizon=120 * DAY, overlap=timedelta(minutes=5))
     return app
 
 
@@ -55,35 +43,10 @@ def jobs_table(schema: str) -> sql.Composed:
     return sql.SQL("{}.jobs").format(sql.Identifier(schema))
 
 
-def job(db: psycopg.Connection, schema: str, job_id: int) -> dict:
-    with db.cursor(row_factory=dict_row) as cur:
-        query = sql.SQL("SELECT * FROM {} WHERE id = %s").format(jobs_table(schema))
-        row = cur.execute(query, [job_id]).fetchone()
-    assert row is not None
-    return row
-
-
 def count(db: psycopg.Connection, schema: str) -> int:
     row = db.execute(sql.SQL("SELECT count(*) FROM {}").format(jobs_table(schema))).fetchone()
     assert row is not None
     return int(row[0])
-
-
-def arrange(db: psycopg.Connection, schema: str, job_id: int, **values: object) -> None:
-    """Set columns of one job directly, as a user fixing the table with UPDATE would."""
-    assignments = sql.SQL(", ").join(
-        sql.SQL("{} = %s").format(sql.Identifier(column)) for column in values
-    )
-    db.execute(
-        sql.SQL("UPDATE {} SET {} WHERE id = %s").format(jobs_table(schema), assignments),
-        [*values.values(), job_id],
-    )
-
-
-def database_now(db: psycopg.Connection) -> datetime:
-    row = db.execute("SELECT clock_timestamp()").fetchone()
-    assert row is not None
-    return row[0]
 
 
 def one_job_per_status(
@@ -122,7 +85,7 @@ def test_enqueue_adds_a_manual_job_in_the_owners_lane(shops, db, schema):
 
     job_id = shops.enqueue("shops", "acme-eu", "orders", window_start=start, window_end=end)
 
-    row = job(db, schema, job_id)
+    row = job_row(db, schema, job_id)
     assert (row["queue"], row["owner"], row["type"]) == ("shops", "acme-eu", "orders")
     assert row["lane"] == "acme", "the lane comes from the owner source"
     assert (row["mode"], row["status"], row["attempt_count"]) == ("manual", "pending", 0)
@@ -133,7 +96,7 @@ def test_enqueue_adds_a_manual_job_in_the_owners_lane(shops, db, schema):
 def test_enqueue_uses_the_lane_given(shops, db, schema):
     job_id = shops.enqueue("shops", "acme-eu", "products", lane="special")
 
-    row = job(db, schema, job_id)
+    row = job_row(db, schema, job_id)
     assert (row["lane"], row["priority"]) == ("special", 1)
 
 
@@ -187,29 +150,29 @@ def test_enqueue_of_an_unknown_queue_or_type_is_a_config_error(shops, db, schema
 
 def test_requeue_gives_stopped_jobs_fresh_attempts_and_keeps_their_cursor(shops, db, schema):
     ids = one_job_per_status(shops, db, schema)
-    before = {status: job(db, schema, job_id) for status, job_id in ids.items()}
+    before = {status: job_row(db, schema, job_id) for status, job_id in ids.items()}
 
     assert shops.requeue("shops") == 3
 
     now = database_now(db)
     for status in ("failed", "deferred", "abandoned"):
-        row = job(db, schema, ids[status])
+        row = job_row(db, schema, ids[status])
         assert row["status"] == "pending"
         assert row["attempt_count"] == 0
         assert (row["cursor"], row["processed_count"]) == ("page-3", 300)
         assert row["next_run_at"] <= now, "a fresh attempt is due now"
     for status in ("pending", "running", "completed", "cancelled"):
-        assert job(db, schema, ids[status]) == before[status]
+        assert job_row(db, schema, ids[status]) == before[status]
 
 
 def test_requeue_revives_cancelled_jobs_only_when_asked(shops, db, schema):
     ids = one_job_per_status(shops, db, schema)
 
     shops.requeue("shops")
-    assert job(db, schema, ids["cancelled"])["status"] == "cancelled"
+    assert job_row(db, schema, ids["cancelled"])["status"] == "cancelled"
 
     assert shops.requeue("shops", include_cancelled=True) == 1
-    row = job(db, schema, ids["cancelled"])
+    row = job_row(db, schema, ids["cancelled"])
     assert (row["status"], row["attempt_count"], row["cursor"]) == ("pending", 0, "page-3")
 
 
@@ -223,7 +186,9 @@ def test_requeue_filters_by_owner_and_type(shops, db, schema):
 
     def pending() -> set[tuple[str, str]]:
         return {
-            key for key, job_id in failed.items() if job(db, schema, job_id)["status"] == "pending"
+            key
+            for key, job_id in failed.items()
+            if job_row(db, schema, job_id)["status"] == "pending"
         }
 
     assert shops.requeue("shops", owner="globex") == 2
@@ -240,15 +205,15 @@ def test_requeue_filters_by_owner_and_type(shops, db, schema):
 def test_cancel_stops_what_has_not_finished_and_leaves_completed_jobs(shops, db, schema):
     ids = one_job_per_status(shops, db, schema)
     other_owner = shops.enqueue("shops", "globex", "orders")
-    completed = job(db, schema, ids["completed"])
+    completed = job_row(db, schema, ids["completed"])
 
     assert shops.cancel("shops", "acme-us", "disconnected") == 4
 
     for status in ("pending", "failed", "deferred", "running"):
-        row = job(db, schema, ids[status])
+        row = job_row(db, schema, ids[status])
         assert (row["status"], row["error"]) == ("cancelled", "Cancelled: disconnected")
-    assert job(db, schema, ids["completed"]) == completed
-    assert job(db, schema, other_owner)["status"] == "pending"
+    assert job_row(db, schema, ids["completed"]) == completed
+    assert job_row(db, schema, other_owner)["status"] == "pending"
 
 
 def test_a_cancelled_running_job_can_no_longer_save_a_page(shops, db, schema):
@@ -271,7 +236,7 @@ def test_a_cancelled_running_job_can_no_longer_save_a_page(shops, db, schema):
     assert shops.cancel("shops", "acme-us", "disconnected") == 1
     assert save("page-3") == 0, "the cancelled job's worker is fenced off"
 
-    row = job(db, schema, job_id)
+    row = job_row(db, schema, job_id)
     assert (row["status"], row["cursor"], row["processed_count"]) == ("cancelled", "page-2", 10)
 
 
@@ -293,7 +258,7 @@ def test_jobs_is_a_frame_with_utc_timestamps_categorical_status_and_int64_counts
     shops.plan()
     job_id = shops.enqueue("shops", "globex", "products")
     arrange(db, schema, job_id, processed_count=12, started_at=database_now(db))
-    row = job(db, schema, job_id)
+    row = job_row(db, schema, job_id)
 
     frame = shops.jobs()
 
@@ -315,7 +280,7 @@ def test_an_empty_jobs_frame_has_the_same_types(shops):
 
 def test_jobs_filters_by_queue_owner_status_and_type_and_limits(shops, db, schema):
     other = shops.queue("other")
-    other.owners(lambda name: OWNERS)
+    other.owners(lambda name: ACCOUNTS)
     other.snapshot("invoices", every=DAY)(done)
     shops.plan()
     failed = shops.enqueue("shops", "globex", "products", dedup_key="manual:f")

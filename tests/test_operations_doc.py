@@ -9,7 +9,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from apps import done
+from apps import orders_and_products
 from psycopg import sql
 from psycopg.rows import dict_row
 from workers import database_now, job_row, operations_sql, operations_statements
@@ -54,10 +54,7 @@ def ago(days: int) -> sql.Composable:
 
 @pytest.fixture
 def shop(app: SyncLane) -> SyncLane:
-    queue = app.queue("shops")
-    queue.owners(lambda name: [Owner("acme")])
-    queue.windowed("orders", horizon=60 * DAY, slice=30 * DAY, every=DAY)(done)
-    queue.snapshot("products", every=DAY)(done)
+    orders_and_products(app, [Owner("acme")], horizon=60 * DAY, every=DAY)
     return app
 
 

@@ -1,17 +1,17 @@
-"""Planning against a real PostgreSQL (DESIGN §4): no duplicates, no gaps, no shifts."""
+"""Planning against a real PostgreSQL (docs/planning.md): no duplicates, no gaps, no shifts."""
 
 from __future__ import annotations
 
 import itertools
 import re
-import time
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 import apps
 import psycopg
 import pytest
 from psycopg import sql
 from psycopg.rows import dict_row
+from workers import database_now, let_time_pass, wait_until_away_from_a_period_edge
 
 from synclane import ConfigError, Job, Owner, Page, SyncLane
 from synclane.planning import iso, midnight, period_start
@@ -19,17 +19,6 @@ from synclane.planning import iso, midnight, period_start
 DAY = timedelta(days=1)
 EVERY = timedelta(minutes=15)
 OVERLAP = timedelta(minutes=5)
-KEY = re.compile(r"^(initial|recurring):(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?Z)(.*)$")
-TIMESTAMPS = (
-    "window_start",
-    "window_end",
-    "next_run_at",
-    "lease_expires_at",
-    "created_at",
-    "started_at",
-    "heartbeat_at",
-    "completed_at",
-)
 
 
 def jobs_table(schema: str) -> sql.Composed:
@@ -48,45 +37,11 @@ def count(db: psycopg.Connection, schema: str) -> int:
     return int(row[0])
 
 
-def database_now(db: psycopg.Connection) -> datetime:
-    row = db.execute("SELECT clock_timestamp()").fetchone()
-    assert row is not None
-    return row[0]
-
-
-def let_time_pass(db: psycopg.Connection, schema: str, delta: timedelta) -> None:
-    """Simulate `delta` passing: every timestamp of the schema's rows moves back by `delta`, and
-    so do the instants inside planner dedup keys (delta must be a whole number of periods)."""
-    assignments = sql.SQL(", ").join(
-        sql.SQL("{0} = {0} - %(delta)s").format(sql.Identifier(column)) for column in TIMESTAMPS
-    )
-    db.execute(
-        sql.SQL("UPDATE {} SET {}").format(jobs_table(schema), assignments), {"delta": delta}
-    )
-    for row in rows(db, schema):
-        found = KEY.match(row["dedup_key"])
-        if found:
-            moved = datetime.fromisoformat(found[2].replace("Z", "+00:00")) - delta
-            key = f"{found[1]}:{iso(moved)}{found[3]}"
-            db.execute(
-                sql.SQL("UPDATE {} SET dedup_key = %s WHERE id = %s").format(jobs_table(schema)),
-                [key, row["id"]],
-            )
-
-
 def set_rows(db: psycopg.Connection, schema: str, assignments: str, where: str, *params) -> int:
     query = sql.SQL("UPDATE {} SET {} WHERE {}").format(
         jobs_table(schema), sql.SQL(assignments), sql.SQL(where)
     )
     return db.execute(query, params).rowcount
-
-
-def wait_until_away_from_a_period_edge(db: psycopg.Connection, every: timedelta) -> None:
-    """Planners that straddle a period edge plan two different periods; keep a test off the edge."""
-    now = database_now(db)
-    left = period_start(now, every) + every - now
-    if left < timedelta(seconds=10):
-        time.sleep(left.total_seconds() + 0.5)
 
 
 def windowed_app(
@@ -128,7 +83,7 @@ def test_eight_processes_planning_at_once_create_each_job_once(dsn, db, schema):
         8,
         dsn,
         schema,
-        before_release=lambda: wait_until_away_from_a_period_edge(db, EVERY),
+        before_release=lambda: wait_until_away_from_a_period_edge(db, apps.ORDERS_EVERY),
     )
 
     expected = apps.JOBS_PER_OWNER * len(apps.OWNERS)
@@ -313,7 +268,7 @@ def test_planning_an_owner_the_source_does_not_return_creates_nothing(app, db, s
 
 
 def test_planning_a_queue_without_an_owner_source_names_the_decorator(app, db, schema):
-    app.queue("shops").snapshot("products", every=DAY)(lambda job: Page(None))
+    apps.products_queue(app)
 
     with pytest.raises(ConfigError, match=re.escape("@shops.owners")):
         app.plan("shops")

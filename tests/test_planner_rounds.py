@@ -18,7 +18,7 @@ import psycopg
 import pytest
 from psycopg import sql
 from psycopg.rows import dict_row
-from test_planner_db import EVERY, wait_until_away_from_a_period_edge
+from workers import wait_until_away_from_a_period_edge
 
 from synclane import ConfigError, Job, Owner, OwnerSourceError, Page, SyncLane, batches
 
@@ -337,7 +337,7 @@ def test_twenty_planners_with_shuffled_owner_sources_never_raise_and_create_each
         20,
         dsn,
         schema,
-        before_release=lambda: wait_until_away_from_a_period_edge(db, EVERY),
+        before_release=lambda: wait_until_away_from_a_period_edge(db, apps.ORDERS_EVERY),
     )
     errors = [detail for status, detail in reports if status != "ok"]
     assert errors == []

@@ -11,16 +11,15 @@ from pathlib import Path
 import pandas as pd
 import psycopg
 import pytest
-from apps import done, products_queue
+from apps import ACCOUNTS, orders_and_products, products_queue
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 from psycopg import sql
 
-from synclane import ConfigError, Owner, SyncLane, plots
+from synclane import ConfigError, SyncLane, plots
 
 DAY = timedelta(days=1)
-OWNERS = [Owner("acme-us", lane="acme"), Owner("acme-eu", lane="acme"), Owner("globex")]
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
@@ -28,10 +27,7 @@ PNG = b"\x89PNG\r\n\x1a\n"
 def shops(app: SyncLane, db: psycopg.Connection, schema: str) -> SyncLane:
     """Three accounts: acme-us loaded; acme-eu's newest slice failed, the next loaded; globex
     untouched."""
-    queue = app.queue("shops")
-    queue.owners(lambda name: OWNERS)
-    queue.windowed("orders", horizon=120 * DAY, slice=30 * DAY, every=timedelta(minutes=15))(done)
-    queue.snapshot("products", every=DAY)(done)
+    orders_and_products(app, ACCOUNTS, horizon=120 * DAY)
     app.plan()
     table = sql.Identifier(schema, "jobs")
     db.execute(sql.SQL("UPDATE {} SET status = 'completed' WHERE owner = 'acme-us'").format(table))

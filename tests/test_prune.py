@@ -6,20 +6,20 @@ from __future__ import annotations
 
 import threading
 import time
-from datetime import datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import psycopg
 import pytest
+from command_line import Run
 from psycopg import sql
 from psycopg.rows import dict_row
-from test_cli import Run, run  # noqa: F401  (the fixture)
-from test_planner_db import KEY, TIMESTAMPS
+from roles import drop_role, dsn_as
+from workers import let_time_pass
 
 from synclane import ConfigError, Owner, Page, SyncLane
-from synclane.planning import iso
 
 DAY = timedelta(days=1)
 HOUR = timedelta(hours=1)
@@ -41,26 +41,6 @@ def set_rows(db: psycopg.Connection[Any], schema: str, assignments: str, where: 
         table, sql.SQL(assignments), sql.SQL(where).format(jobs=table)
     )
     return db.execute(query).rowcount
-
-
-def let_time_pass(db: psycopg.Connection[Any], schema: str, delta: timedelta) -> None:
-    """Every timestamp of the schema's rows, and the instant in each planner key, moves back by
-    `delta` (oldest key first, so that no key lands on one that has not moved yet)."""
-    table = sql.Identifier(schema, "jobs")
-    moved = sql.SQL(", ").join(
-        sql.SQL("{0} = {0} - %(delta)s").format(sql.Identifier(c)) for c in TIMESTAMPS
-    )
-    db.execute(sql.SQL("UPDATE {} SET {}").format(table, moved), {"delta": delta})
-    keys = []
-    for row in jobs(db, schema):
-        found = KEY.match(row["dedup_key"])
-        if found:
-            instant = datetime.fromisoformat(found[2].replace("Z", "+00:00")) - delta
-            keys.append((instant, row["id"], f"{found[1]}:{iso(instant)}{found[3]}"))
-    for _, job_id, key in sorted(keys):
-        db.execute(
-            sql.SQL("UPDATE {} SET dedup_key = %s WHERE id = %s").format(table), [key, job_id]
-        )
 
 
 def away_from_the_hour(db: psycopg.Connection[Any]) -> None:
@@ -207,7 +187,7 @@ def test_prune_arguments_are_checked(app: SyncLane) -> None:
     assert app.prune() == 0
 
 
-def test_synclane_prune_deletes_and_says_how_many(run: Run) -> None:  # noqa: F811
+def test_synclane_prune_deletes_and_says_how_many(run: Run) -> None:
     assert run("plan")[0] == 0
     code, out, _ = run("prune", "--older-than-days", "30")
     assert (code, out.strip()) == (0, "pruned 0 finished row(s) older than 30 day(s)")
@@ -260,8 +240,6 @@ def test_the_pruner_role_of_the_docs_may_prune(
     import re
     import uuid
 
-    from psycopg.conninfo import conninfo_to_dict, make_conninfo
-
     text = (Path(__file__).resolve().parent.parent / "docs" / "operations.md").read_text(
         encoding="utf-8"
     )
@@ -273,16 +251,12 @@ def test_the_pruner_role_of_the_docs_may_prune(
     two_days_of_refreshes(app, db, schema)
     db.execute(grants)
     try:
-        params = {k: v for k, v in conninfo_to_dict(dsn).items() if k not in ("user", "password")}
-        pruner = SyncLane(
-            make_conninfo("", **params, user=role, password="change me as well"), schema=schema
-        )
+        pruner = SyncLane(dsn_as(dsn, role, "change me as well"), schema=schema)
         try:
             declare(pruner)
             assert pruner.prune(older_than=5 * HOUR) > 60
         finally:
             pruner.close()
     finally:
-        db.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
-        db.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+        drop_role(db, role)
     assert app.plan() == {"shops": 0}

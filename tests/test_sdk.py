@@ -1,4 +1,4 @@
-"""The notebook SDK (DESIGN §7, docs/sdk.md): each call against a table arranged by hand, as a user
+"""The notebook SDK (docs/sdk.md): each call against a table arranged by hand, as a user
 with UPDATE would leave it, with the exact answers, the dtypes, and the masking of causes."""
 
 from __future__ import annotations

@@ -12,9 +12,11 @@ from datetime import timedelta
 import pandas as pd
 import psycopg
 import pytest
+from apps import done
 from psycopg import sql
+from workers import database_now
 
-from synclane import ConfigError, Job, Page, SyncLane
+from synclane import ConfigError, SyncLane
 from synclane.frames import STATES
 
 OPEN = ("pending", "running", "failed", "deferred")
@@ -135,10 +137,6 @@ ON CONFLICT (queue, lane) DO UPDATE SET paused_until = excluded.paused_until
 ]
 
 
-def done(job: Job) -> Page:
-    return Page(None)
-
-
 @pytest.fixture
 def busy(app: SyncLane, db: psycopg.Connection, schema: str) -> SyncLane:
     queue = app.queue("shops")
@@ -215,17 +213,11 @@ def every_open_job(app: SyncLane) -> pd.DataFrame:
     return app.jobs(status=list(OPEN), limit=100_000)
 
 
-def database_now(db: psycopg.Connection) -> pd.Timestamp:
-    row = db.execute("SELECT now()").fetchone()
-    assert row is not None
-    return pd.Timestamp(row[0])
-
-
 def test_lanes_agree_with_a_count_of_every_open_row(
     busy: SyncLane, db: psycopg.Connection, schema: str
 ) -> None:
     jobs = every_open_job(busy)
-    now = database_now(db)
+    now = pd.Timestamp(database_now(db))
     pauses = dict(
         db.execute(
             sql.SQL("SELECT lane, paused_until FROM {} WHERE paused_until > now()").format(
@@ -272,7 +264,7 @@ def test_depth_agrees_with_a_count_of_every_open_row(
     busy: SyncLane, db: psycopg.Connection
 ) -> None:
     jobs = every_open_job(busy)
-    now = database_now(db)
+    now = pd.Timestamp(database_now(db))
 
     def expected(rows: pd.DataFrame) -> list[tuple[object, ...]]:
         found = []

@@ -9,7 +9,6 @@ tests/test_dashboard.py; here only what a password in the DSN adds to it.
 from __future__ import annotations
 
 import logging
-import sys
 import traceback
 import uuid
 from collections.abc import Iterator
@@ -21,10 +20,12 @@ from urllib.parse import quote
 import psycopg
 import pytest
 from apps import products_queue
+from command_line import Run
 from dashboard_kit import call, start, stop
 from psycopg import errors, sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
-from workers import job_row, operations_sql
+from roles import dsn_as
+from workers import job_row
 
 from synclane import (
     ConfigError,
@@ -35,7 +36,6 @@ from synclane import (
     SchemaError,
     SyncLane,
     Throttled,
-    cli,
 )
 from synclane.testing import make_app
 
@@ -191,27 +191,8 @@ def test_schema_and_worker_errors_never_show_the_password(
         assert not leaked(_all_text(raised.value))
 
 
-@pytest.fixture
-def cli_run(
-    dsn: str, schema: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> Iterator[Any]:
-    monkeypatch.setenv("SYNCLANE_CLI_TEST_SCHEMA", schema)
-    monkeypatch.delenv("SYNCLANE_APP", raising=False)
-    monkeypatch.delenv("SYNCLANE_DSN", raising=False)
-    monkeypatch.syspath_prepend(str(HERE))
-
-    def invoke(secret_dsn: str, *words: str) -> tuple[int, str]:
-        sys.modules.pop("cli_app", None)
-        code = cli.main(["--dsn", secret_dsn, "--app", "cli_app:app", *words])
-        out, err = capsys.readouterr()
-        return code, out + err
-
-    yield invoke
-    sys.modules.pop("cli_app", None)
-
-
 @pytest.mark.parametrize("form", FORMS)
-def test_the_command_line_never_shows_the_password(dsn: str, cli_run: Any, form: str) -> None:
+def test_the_command_line_never_shows_the_password(dsn: str, run: Run, form: str) -> None:
     secret_dsn = with_password(dsn, form)
     outputs = []
     for words in (
@@ -224,7 +205,8 @@ def test_the_command_line_never_shows_the_password(dsn: str, cli_run: Any, form:
         ["cancel", "--queue", "shops", "--owner", "globex", "--reason", "gone"],
         ["jobs", "--queue", "nope"],  # a user mistake: one line, exit 2
     ):
-        code, output = cli_run(secret_dsn, *words)
+        code, out, err = run(*words, dsn=secret_dsn)
+        output = out + err
         outputs.append(output)
         # a mistake exits 2; work left failed for a retry exits 3 (docs: the command line)
         assert code == (2 if "nope" in words else 3 if "--work" in words else 0), output
@@ -265,30 +247,6 @@ def test_the_dashboard_hides_a_password_quoted_alone(
 # -- roles and grants (docs/operations.md) ------------------------------------------------------
 
 
-@pytest.fixture
-def roles(db: psycopg.Connection[Any], schema: str, app: SyncLane) -> Iterator[dict[str, str]]:
-    """The worker and analyst roles of docs/operations.md, under names of this test's own
-    (roles belong to the whole server). Yields their names."""
-    suffix = uuid.uuid4().hex[:8]
-    names = {"worker": f"synclane_worker_{suffix}", "analyst": f"synclane_analyst_{suffix}"}
-    grants = operations_sql(
-        "grants",
-        schema,
-        synclane_worker=names["worker"],
-        synclane_analyst=names["analyst"],
-    )
-    db.execute(grants)
-    yield names
-    for name in names.values():
-        db.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(name)))
-        db.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(name)))
-
-
-def _as(dsn: str, role: str) -> str:
-    params = {k: v for k, v in conninfo_to_dict(dsn).items() if k not in ("user", "password")}
-    return make_conninfo("", **params, user=role, password="change me")
-
-
 def _shop(app: SyncLane) -> None:
     queue = app.queue("shops")
     queue.owners(lambda name: [Owner("acme")])
@@ -300,7 +258,7 @@ def _shop(app: SyncLane) -> None:
 def test_the_worker_role_runs_everything_a_worker_does_and_nothing_more(
     dsn: str, schema: str, db: psycopg.Connection[Any], roles: dict[str, str]
 ) -> None:
-    worker = make_app(_as(dsn, roles["worker"]), schema)
+    worker = make_app(dsn_as(dsn, roles["worker"]), schema)
     try:
         _shop(worker)
         added = worker.plan()["shops"]
@@ -321,7 +279,7 @@ def test_the_worker_role_runs_everything_a_worker_does_and_nothing_more(
         worker.close()
     # On a schema it may not create, the worker stops at once with what to do.
     with pytest.raises(SchemaError, match=r"(?s)cannot be created.*migrate"):
-        SyncLane(_as(dsn, roles["worker"]), schema=f"{schema}_new")
+        SyncLane(dsn_as(dsn, roles["worker"]), schema=f"{schema}_new")
 
 
 def test_the_analyst_role_reads_and_cannot_write(
@@ -329,7 +287,7 @@ def test_the_analyst_role_reads_and_cannot_write(
 ) -> None:
     _shop(app)
     app.plan()
-    analyst = SyncLane(_as(dsn, roles["analyst"]), schema=schema)
+    analyst = SyncLane(dsn_as(dsn, roles["analyst"]), schema=schema)
     try:
         _shop(analyst)
         assert len(analyst.jobs()) == 3

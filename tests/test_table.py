@@ -1,4 +1,4 @@
-"""The jobs table (DESIGN §3): created at start-up, versioned, published, and its two unique
+"""The jobs table (docs/schema.sql): created at start-up, versioned, published, and its two unique
 indexes carry the guarantees."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from synclane.store import SCHEMA_VERSION, schema_ddl
 
 DOCS_SCHEMA = Path(__file__).resolve().parent.parent / "docs" / "schema.sql"
 
-# The columns DESIGN §3 names, with the types a user may rely on.
+# The columns docs/schema.sql names, with the types a user may rely on.
 COLUMNS = {
     "id": "bigint",
     "queue": "text",

@@ -17,7 +17,7 @@ import psycopg
 import pytest
 from psycopg import sql
 from worker_proc import build, create_runs
-from workers import job_row, running_worker, wait_for, worker_processes
+from workers import database_now, job_row, running_worker, wait_for, worker_processes
 
 from synclane import Page, SyncLane
 from synclane.store import Store
@@ -91,12 +91,6 @@ def _insert_due_job(db: psycopg.Connection[Any], schema: str, owner: str, **colu
     return int(row[0])
 
 
-def _now(db: psycopg.Connection[Any]) -> Any:
-    row = db.execute("SELECT clock_timestamp()").fetchone()
-    assert row is not None
-    return row[0]
-
-
 def test_an_idle_worker_polling_every_30_s_starts_an_enqueued_job_within_a_second(
     dsn: str, schema: str, db: psycopg.Connection[Any]
 ) -> None:
@@ -129,7 +123,7 @@ def test_a_requeued_job_wakes_an_idle_worker(
     try:
         with worker_processes(settings, 1):
             _ready(db, schema)
-            asked = _now(db)
+            asked = database_now(db)
             assert app.requeue("q", ids=[job_id]) == 1
             assert _seconds_to_start(db, schema, job_id, asked) < WOKEN_WITHIN
     finally:
@@ -172,7 +166,7 @@ def test_notify_work_wakes_workers_when_the_transaction_commits(
             notify_work(conn, store, "q")  # folded into one by PostgreSQL
             time.sleep(0.5)
             conn.commit()
-            committed = _now(db)
+            committed = database_now(db)
             assert _seconds_to_start(db, schema, job_id, committed) < WOKEN_WITHIN
         assert app.jobs(owner="rolled-back").empty
     finally:
@@ -201,8 +195,8 @@ def test_a_lane_freed_by_a_finished_job_wakes_an_idle_worker(
                 schema,
                 "globex",
                 lane="M",
-                window_start=_now(db) - timedelta(hours=2),
-                window_end=_now(db) - timedelta(hours=1),
+                window_start=database_now(db) - timedelta(hours=2),
+                window_end=database_now(db) - timedelta(hours=1),
             )
             holder = job_row(db, schema, first)["leased_by"]
             wait_for(
@@ -236,8 +230,8 @@ def test_a_lane_freed_while_no_slot_waits_is_not_announced(
                 schema,
                 "globex",
                 lane="M",
-                window_start=_now(db) - timedelta(hours=2),
-                window_end=_now(db) - timedelta(hours=1),
+                window_start=database_now(db) - timedelta(hours=2),
+                window_end=database_now(db) - timedelta(hours=1),
             )
             wait_for(
                 lambda: job_row(db, schema, better)["status"] == "running",
@@ -265,7 +259,7 @@ def test_a_stopping_worker_wakes_the_others_for_the_jobs_it_hands_back(
             stopping = next(p for p in processes if holder == f"worker-{p.pid}")
             stopping.send_signal(signal.SIGTERM)
             stopping.wait(timeout=15)
-            stopped = _now(db)
+            stopped = database_now(db)
             other = next(p for p in processes if p is not stopping)
             taken = wait_for(
                 lambda: job_row(db, schema, job_id)["leased_by"] == f"worker-{other.pid}",

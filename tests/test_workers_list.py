@@ -19,10 +19,9 @@ import psycopg
 import pytest
 from psycopg import sql
 from psycopg.rows import dict_row
-from test_security import _as, operations_sql
-from test_security import roles as documented_roles  # noqa: F401 (a fixture)
+from roles import dsn_as
 from worker_proc import build, create_runs
-from workers import job_row, running_worker, wait_for, worker_processes
+from workers import job_row, operations_sql, running_worker, wait_for, worker_processes
 
 import synclane
 from synclane import Job, Page, SyncLane, cli
@@ -301,14 +300,14 @@ def test_the_workers_command_lists_them_with_or_without_an_app(
 def test_the_documented_roles_keep_and_read_the_list(
     dsn: str,
     schema: str,
-    documented_roles: dict[str, str],  # noqa: F811 (the fixture imported above)
+    roles: dict[str, str],
     gate: threading.Event,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """With the grants of docs/operations.md the worker role registers, beats and leaves, and
     the analyst role reads the list."""
-    worker = _waiting_app(_as(dsn, documented_roles["worker"]), schema, gate)
-    analyst = SyncLane(_as(dsn, documented_roles["analyst"]), schema=schema)
+    worker = _waiting_app(dsn_as(dsn, roles["worker"]), schema, gate)
+    analyst = SyncLane(dsn_as(dsn, roles["analyst"]), schema=schema)
     try:
         with caplog.at_level(logging.WARNING, logger="synclane"), running_worker(worker):
             assert _listed(analyst)["name"].tolist() == [worker.worker_name]

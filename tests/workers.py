@@ -15,6 +15,7 @@ import re
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta
@@ -25,19 +26,24 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
 
+from synclane.planning import iso, period_start
 from synclane.testing import running_worker, wait_for
 from synclane.worker.taker import take_front
 
 __all__ = [
     "HERE",
+    "KEY",
+    "TIMESTAMPS",
     "arrange",
     "count",
     "database_now",
     "job_row",
+    "let_time_pass",
     "operations_sql",
     "running_worker",
     "start_worker_process",
     "wait_for",
+    "wait_until_away_from_a_period_edge",
     "worker_processes",
 ]
 
@@ -126,6 +132,49 @@ def database_now(db: psycopg.Connection[Any]) -> datetime:
     assert row is not None
     now: datetime = row[0]
     return now
+
+
+def wait_until_away_from_a_period_edge(db: psycopg.Connection[Any], every: timedelta) -> None:
+    """Planners that straddle a period edge plan two different periods; keep a test off the edge."""
+    now = database_now(db)
+    left = period_start(now, every) + every - now
+    if left < timedelta(seconds=10):
+        time.sleep(left.total_seconds() + 0.5)
+
+
+# The instant inside a planner's dedup key, and every timestamp column of a job.
+KEY = re.compile(r"^(initial|recurring):(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?Z)(.*)$")
+TIMESTAMPS = (
+    "window_start",
+    "window_end",
+    "next_run_at",
+    "lease_expires_at",
+    "created_at",
+    "started_at",
+    "heartbeat_at",
+    "completed_at",
+)
+
+
+def let_time_pass(db: psycopg.Connection[Any], schema: str, delta: timedelta) -> None:
+    """Simulate `delta` passing: every timestamp of the schema's rows moves back by `delta`, and
+    so does the instant in each planner key (delta must be a whole number of periods). Oldest key
+    first, so that no key lands on one that has not moved yet."""
+    table = sql.Identifier(schema, "jobs")
+    moved = sql.SQL(", ").join(
+        sql.SQL("{0} = {0} - %(delta)s").format(sql.Identifier(c)) for c in TIMESTAMPS
+    )
+    db.execute(sql.SQL("UPDATE {} SET {}").format(table, moved), {"delta": delta})
+    keys = []
+    for job_id, dedup_key in db.execute(sql.SQL("SELECT id, dedup_key FROM {}").format(table)):
+        found = KEY.match(dedup_key)
+        if found:
+            instant = datetime.fromisoformat(found[2].replace("Z", "+00:00")) - delta
+            keys.append((instant, job_id, f"{found[1]}:{iso(instant)}{found[3]}"))
+    for _, job_id, key in sorted(keys):
+        db.execute(
+            sql.SQL("UPDATE {} SET dedup_key = %s WHERE id = %s").format(table), [key, job_id]
+        )
 
 
 # -- the statements of docs/operations.md -------------------------------------------------------

@@ -30,7 +30,7 @@ from synclane.bridge import in_thread
 from synclane.connection import Database
 from synclane.errors import OwnerSourceError, error_text
 from synclane.events import Event, Kind, Listener, listeners
-from synclane.model import ConfigError, to_duration
+from synclane.model import IDLE_GRACE, ConfigError, to_duration
 from synclane.queues import Queue
 from synclane.wakeup import notify_work_async
 from synclane.worker.lease import Lease, LeaseLost, PageWrites, Writer
@@ -46,9 +46,6 @@ log = logging.getLogger("synclane")
 # it then logs the outage and backs off, instead of waiting silently inside the pool (whose
 # default is 30 s). A healthy pool always has a connection for every slot.
 CONNECTION_WAIT = 3.0
-# A worker working "until idle" waits for jobs that become due within this long (a retry, a lane
-# whose throttle ends soon) before it calls itself idle.
-IDLE_GRACE = timedelta(seconds=30)
 
 
 class Wake(asyncio.Event):

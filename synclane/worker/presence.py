@@ -41,6 +41,7 @@ from psycopg_pool import AsyncConnectionPool
 from synclane.connection import Database
 from synclane.errors import error_text
 from synclane.model import ConfigError
+from synclane.version import __version__
 from synclane.wakeup import channel, notify_work_async
 from synclane.worker.outage import OUTAGE_BACKOFF
 from synclane.worker.taker import Batch
@@ -53,9 +54,6 @@ FORGET_AFTER = timedelta(hours=1)  # a lost worker's row is deleted this long af
 FREED_SPACING = 0.1  # seconds between two freed-lane checks of one queue in one worker
 WAITING_SPACING = 0.5  # seconds: a worker says whether a slot of its waits at most this often
 MAX_NAMES = 100  # name, name#2, … name#100: beyond that the name is refused
-# What the `workers` statement says of a worker: it beats, it was asked to stop and hands its
-# jobs back, or it died (stopped beating, or its session to PostgreSQL is gone).
-WORKER_STATES = ("running", "stopping", "lost")
 
 
 class Presence:
@@ -220,8 +218,6 @@ class Presence:
         return {"name": self.name, "instance": self.instance}
 
     def _row(self) -> dict[str, Any]:
-        from synclane import __version__
-
         return {
             **self._who(),
             "host": socket.gethostname(),

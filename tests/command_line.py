@@ -1,0 +1,39 @@
+"""The `synclane` command run inside the test process, as the `run` fixture (tests/conftest.py)
+gives it to tests: `run("plan")` is `synclane --dsn <test db> --app cli_app:app plan`, and
+returns (exit status, stdout, stderr). `app=False` leaves --app out; `dsn=` gives another DSN
+(the test database's with a password, say)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).parent
+Run = Callable[..., tuple[int, str, str]]
+
+
+def run_in_process(
+    dsn: str, schema: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> Iterator[Run]:
+    """Run `synclane --dsn <test db> --app cli_app:app ...` in this process."""
+    from synclane import cli
+
+    monkeypatch.setenv("SYNCLANE_CLI_TEST_SCHEMA", schema)
+    # --dsn and --schema reach the app through the environment of this process: restored after
+    for name in ("SYNCLANE_APP", "SYNCLANE_DSN", "SYNCLANE_SCHEMA", "SYNCLANE_CLI_TEST_RETRY"):
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
+    monkeypatch.syspath_prepend(str(HERE))
+
+    def invoke(*words: str, app: bool = True, dsn: str = dsn) -> tuple[int, str, str]:
+        sys.modules.pop("cli_app", None)  # a fresh app (and schema) for every call
+        prefix = ["--dsn", dsn] + (["--app", "cli_app:app"] if app else [])
+        code = cli.main([*prefix, *words])
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    yield invoke
+    sys.modules.pop("cli_app", None)
