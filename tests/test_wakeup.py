@@ -141,7 +141,7 @@ def test_resuming_a_queue_wakes_an_idle_worker_for_the_jobs_that_piled_up(
             job_id = app.enqueue("q", "acme", "sync")
             time.sleep(0.5)
             assert _first_start(db, schema, job_id) is None, "a paused queue started a job"
-            asked = _now(db)
+            asked = database_now(db)
             assert app.resume("q") is True
             assert _seconds_to_start(db, schema, job_id, asked) < WOKEN_WITHIN
     finally:
