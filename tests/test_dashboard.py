@@ -28,7 +28,7 @@ from dashboard_kit import (
 )
 from workers import arrange, job_row
 
-from synclane import ConfigError, SyncLane
+from synclane import ConfigError, Job, Owner, Page, SyncLane, Throttled
 from synclane.dashboard import DashboardServer, is_loopback, make_server, serve
 
 SECRET = "a-login-secret-for-tests-only"
@@ -173,6 +173,70 @@ def test_an_unreachable_database_answers_503_without_the_password(dsn: str, sche
             assert "hunter2" not in text and "Traceback" not in text and "127.0.0.1:1" not in text
     finally:
         stop(server)
+
+
+# -- lanes: throttles and rates ---------------------------------------------------------------
+
+
+def test_a_throttled_lane_stays_paused_on_the_page_after_its_job_is_requeued(
+    app: SyncLane,
+) -> None:
+    """The pause belongs to the lane (lanes.paused_until): a requeue clears the job's Throttled
+    error, not the lane's pause, and the page reads the pause as lanes() does."""
+
+    def slow_down(job: Job) -> Page:
+        raise Throttled(retry_after=3600)
+
+    products_queue(app, owners=[Owner("acme-us", lane="acme")], handler=slow_down)
+    app.plan()
+    app.run_worker(until_idle=True, idle_grace=0, stop_after=30)
+    until = app.lanes("shops")["paused_until"].iloc[0].to_pydatetime()
+    server = start(app)
+    try:
+        assert post_requeue(server, {"queue": "shops", "owner": "acme-us"}).json() == {
+            "requeued": 1
+        }
+        [lane] = call(server, "GET", "/api/state").json()["lanes"]["rows"]
+        [job] = call(server, "GET", "/api/jobs?lane=acme").json()["rows"]
+    finally:
+        stop(server)
+    assert (job["status"], job["error"]) == ("pending", None)
+    assert datetime.fromisoformat(lane["paused_until"]) == until
+    assert app.lanes("shops")["paused_until"].iloc[0].to_pydatetime() == until
+
+
+def test_each_lane_shows_its_rate_and_the_page_starts_it_has_left(app: SyncLane) -> None:
+    """What lanes() shows (docs/flow-control.md): the lane's own rate, else the queue's, else the
+    declared lane_rate, and the starts its current window still allows; no rate where the queue
+    declares none."""
+    shops = [Owner("acme-us", lane="acme"), Owner("acme-eu", lane="acme"), Owner("globex")]
+    products_queue(app, owners=shops, lane_rate=(5, 3600))
+    products_queue(app, "plain")
+    app.plan("shops")
+    app.run_worker(until_idle=True, idle_grace=0, stop_after=30)  # one page start per owner
+    app.set_lane_rate("shops", (10, 60), lane="globex")
+    for owner in ("acme-us", "globex", "initech"):  # initech's lane never started a page
+        app.enqueue("shops", owner, "products")
+    app.enqueue("plain", "acme-us", "products")
+    server = start(app)
+    try:
+        rows = call(server, "GET", "/api/state").json()["lanes"]["rows"]
+    finally:
+        stop(server)
+    shown = {
+        (r["queue"], r["lane"]): (r["rate_count"], r["rate_period"], r["rate_left"]) for r in rows
+    }
+    assert shown == {
+        ("shops", "acme"): (5, 3600.0, 3),
+        ("shops", "globex"): (10, 60.0, 9),
+        ("shops", "initech"): (5, 3600.0, 5),
+        ("plain", "acme-us"): (None, None, None),
+    }
+    frame = app.lanes("shops").set_index("lane")
+    for (queue, lane), (count, period, left) in shown.items():
+        if queue == "shops":
+            assert (frame.loc[lane, "rate_count"], frame.loc[lane, "rate_left"]) == (count, left)
+            assert frame.loc[lane, "rate_period"].total_seconds() == period
 
 
 # -- requeue ----------------------------------------------------------------------------------

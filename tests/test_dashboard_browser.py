@@ -10,6 +10,7 @@ own, which fails without a network."""
 from __future__ import annotations
 
 import importlib.util
+import threading
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -17,10 +18,11 @@ from typing import Any
 
 import psycopg
 import pytest
+from apps import products_queue
 from dashboard_kit import LONG_ERROR, SCRIPT_ERROR, arrange_shop, start, stop
 from workers import arrange, job_row
 
-from synclane import SyncLane
+from synclane import Job, Owner, Page, SyncLane, Throttled
 from synclane.dashboard import DashboardServer
 from synclane.events import Event, EventLog
 
@@ -289,6 +291,39 @@ def test_the_page_says_when_its_server_stopped_and_turns_its_buttons_off(
     assert buttons.count() >= 4
     for n in range(buttons.count()):
         expect(buttons.nth(n)).to_be_disabled()
+
+
+def test_a_lane_shows_its_rate_and_its_throttle_pause_also_after_a_requeue(
+    open_tab: Callable[[str], Any], app: SyncLane
+) -> None:
+    from playwright.sync_api import expect
+
+    def slow_down(job: Job) -> Page:
+        raise Throttled(retry_after=3600)
+
+    products_queue(
+        app, owners=[Owner("acme-us", lane="acme")], handler=slow_down, lane_rate=(5, 3600)
+    )
+    app.plan()
+    # one start, then the 429; in a thread: playwright's loop runs in this one
+    worker = threading.Thread(
+        target=app.run_worker, kwargs={"until_idle": True, "idle_grace": 0, "stop_after": 30}
+    )
+    worker.start()
+    worker.join()
+    server = start(app)
+    try:
+        tab = open_tab(server.url)
+        lane = tab.locator('#lanes tbody tr[data-lane="acme"]')
+        expect(lane.locator("td.rate")).to_have_text("5 / 1h, 4 left")
+        expect(lane).to_contain_text("throttled")
+        expect(lane).to_contain_text("paused until in 59m")
+        app.requeue("shops", owner="acme-us")
+        tab.reload()
+        expect(tab.locator('#jobs tbody tr[data-status="pending"]')).to_have_count(1)
+        expect(lane).to_contain_text("paused until in 59m")
+    finally:
+        stop(server)
 
 
 def event(kind: str, owner: str, **values: Any) -> Event:

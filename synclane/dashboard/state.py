@@ -26,6 +26,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from synclane.errors import SchemaError
+from synclane.model import Rate
 from synclane.store import Store
 
 log = logging.getLogger("synclane.dashboard")
@@ -122,12 +123,14 @@ class Reader:
         schema: str,
         queues: Callable[[], list[str]],
         *,
+        rates: Callable[[], Mapping[str, Rate]] = dict,
         statement_timeout: float = 5.0,
         pool_size: int = 4,
     ) -> None:
         self.store = Store(schema)
         self.schema = self.store.schema
         self.queues = queues
+        self.rates = rates  # the declared lane_rate of each queue that has one
         self.mask = Mask(dsn)
         self._dsn = dsn
         self._statement_timeout_ms = max(1, round(statement_timeout * 1000))
@@ -255,8 +258,18 @@ class Reader:
         }
 
     def lanes(self, search: str | None = None, page: int = 0) -> dict[str, Any]:
-        """The busiest lanes first; with `search`, the lanes whose name starts with it."""
-        params = {"search": search or None, "limit": PAGE_SIZE, "offset": page * PAGE_SIZE}
+        """The busiest lanes first; with `search`, the lanes whose name starts with it. Each
+        with until when a throttle pauses it, and for a queue with `lane_rate` its rate and the
+        page starts it has left now (`rate_count`, `rate_period`, `rate_left`)."""
+        rates = self.rates()
+        params = {
+            "search": search or None,
+            "limit": PAGE_SIZE,
+            "offset": page * PAGE_SIZE,
+            "rate_queues": list(rates),
+            "rate_counts": [rate.count for rate in rates.values()],
+            "rate_periods": [rate.per for rate in rates.values()],
+        }
         rows = self._rows("page_lanes", params)
         return {
             "rows": records((_without(row, "total") for row in rows), self.mask),

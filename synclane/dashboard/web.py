@@ -118,6 +118,9 @@ class Dashboard:
             app.dsn,
             app.schema,
             lambda: list(app.queues),
+            rates=lambda: {
+                q.name: q.settings.lane_rate for q in app.queues.values() if q.settings.lane_rate
+            },
             statement_timeout=statement_timeout,
             pool_size=int(pool_size),
         )

@@ -75,6 +75,17 @@
   }
   const windowText = (start, end) => (start || end ? day(start) + " → " + day(end) : dash);
 
+  // A period in seconds as its largest whole unit: 1s, 90s, 1m, 1h, 1d.
+  function period(seconds) {
+    for (const [unit, size] of [["d", 86400], ["h", 3600], ["m", 60]]) {
+      if (seconds >= size && seconds % size === 0) return seconds / size + unit;
+    }
+    return seconds + "s";
+  }
+  const rateText = (l) =>
+    l.rate_count === null ? dash : l.rate_count + " / " + period(l.rate_period) + ", " +
+      l.rate_left + " left";
+
   // Long text: the start in the table, everything on hover and when expanded.
   function longText(key, text) {
     if (!text) return "";
@@ -247,6 +258,7 @@
         cell(when(l.lease_expires_at)),
         cell(l.waiting, "num"),
         cell(l.paused_until ? h("span", null, "paused until ", when(l.paused_until)) : when(l.next_due, true)),
+        cell(rateText(l), "rate"),
       ),
     );
   }
