@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
@@ -26,10 +27,12 @@ from dashboard_kit import (
     stop,
     token_of,
 )
-from workers import arrange, job_row
+from psycopg import sql
+from workers import arrange, job_row, running_worker, wait_for
 
 from synclane import ConfigError, Job, Owner, Page, SyncLane, Throttled
 from synclane.dashboard import DashboardServer, is_loopback, make_server, serve
+from synclane.worker import presence
 
 SECRET = "a-login-secret-for-tests-only"
 
@@ -237,6 +240,73 @@ def test_each_lane_shows_its_rate_and_the_page_starts_it_has_left(app: SyncLane)
         if queue == "shops":
             assert (frame.loc[lane, "rate_count"], frame.loc[lane, "rate_left"]) == (count, left)
             assert frame.loc[lane, "rate_period"].total_seconds() == period
+
+
+# -- workers ----------------------------------------------------------------------------------
+
+
+def test_the_workers_section_lists_the_workers_as_app_workers_does(
+    app: SyncLane, db: psycopg.Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Running workers first, then the lost ones (a dead worker's row, its session gone), each
+    with what app.workers() shows: what it works, how busy it is, when it was last seen."""
+    monkeypatch.setattr(presence, "BEAT", 0.1)
+    gate = threading.Event()
+
+    def waits(job: Job) -> Page:
+        gate.wait(30)
+        return Page(None, 1)
+
+    products_queue(app, handler=waits, concurrency=2)
+    app.enqueue("shops", "acme", "products")
+    db.execute(
+        sql.SQL(
+            "INSERT INTO {} (name, instance, host, pid, version, queues, slots, expires_at) "
+            "VALUES ('a-dead-worker', gen_random_uuid(), 'gone.example', 4242, '0.1', "
+            "'{{shops}}', 3, now() + interval '1 minute')"
+        ).format(sql.Identifier(app.schema, "workers"))
+    )
+    try:
+        with running_worker(app):
+            listed: list[Any] = []
+
+            def one_busy() -> bool:
+                listed[:] = [app.workers()]
+                return bool(listed[0]["busy"].sum() == 1)
+
+            wait_for(one_busy, timeout=15, what="the worker busy with the job")
+            busy = listed[0]
+            server = start(app)
+            try:
+                shown = call(server, "GET", "/api/state").json()["workers"]
+                second = call(server, "GET", "/api/workers?page=1").json()
+            finally:
+                stop(server)
+    finally:
+        gate.set()
+    live = busy[busy["state"] == "running"].iloc[0]
+    assert [(w["name"], w["state"]) for w in shown["rows"]] == [
+        (live["name"], "running"),
+        ("a-dead-worker", "lost"),
+    ]
+    assert (shown["total"], second["rows"]) == (2, [])  # 50 a page
+    running, lost = shown["rows"]
+    assert (running["host"], running["pid"], running["version"]) == (
+        live["host"],
+        live["pid"],
+        live["version"],
+    )
+    assert (running["queues"], running["slots"], running["busy"]) == (["shops"], 2, 1)
+    assert datetime.fromisoformat(running["started_at"]) == live["started_at"]
+    seen = datetime.fromisoformat(running["last_seen_at"]) - live["last_seen_at"]
+    assert abs(seen.total_seconds()) < 5  # it beats ten times a second
+    assert (lost["host"], lost["pid"], lost["queues"], lost["slots"], lost["busy"]) == (
+        "gone.example",
+        4242,
+        ["shops"],
+        3,
+        0,
+    )
 
 
 # -- requeue ----------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ import psycopg
 import pytest
 from apps import products_queue
 from dashboard_kit import LONG_ERROR, SCRIPT_ERROR, arrange_shop, start, stop
-from workers import arrange, job_row
+from workers import arrange, job_row, running_worker, wait_for
 
 from synclane import Job, Owner, Page, SyncLane, Throttled
 from synclane.dashboard import DashboardServer
@@ -324,6 +324,35 @@ def test_a_lane_shows_its_rate_and_its_throttle_pause_also_after_a_requeue(
         expect(lane).to_contain_text("paused until in 59m")
     finally:
         stop(server)
+
+
+def test_the_workers_section_shows_each_worker_with_its_state(
+    open_tab: Callable[[str], Any], app: SyncLane, db: psycopg.Connection
+) -> None:
+    from playwright.sync_api import expect
+
+    products_queue(app, concurrency=2)
+    db.execute(
+        psycopg.sql.SQL(
+            "INSERT INTO {} (name, instance, host, pid, version, queues, slots, expires_at) "
+            "VALUES ('a-dead-worker', gen_random_uuid(), 'gone.example', 4242, '0.1', "
+            "'{{shops}}', 3, now() + interval '1 minute')"
+        ).format(psycopg.sql.Identifier(app.schema, "workers"))
+    )
+    with running_worker(app) as worker:
+        wait_for(lambda: len(app.workers()) == 2, timeout=15, what="the worker in the list")
+        server = start(app)
+        try:
+            tab = open_tab(server.url)
+            rows = tab.locator("#workers tbody tr")
+            expect(rows).to_have_count(2)
+            expect(rows.nth(0).locator("td.state")).to_have_text("running")
+            expect(rows.nth(0)).to_contain_text(worker.name)
+            expect(rows.nth(1).locator("td.state")).to_have_text("lost")
+            expect(rows.nth(1)).to_contain_text("gone.example")
+            expect(tab.locator("#workers .count")).to_have_text("1–2 of 2")
+        finally:
+            stop(server)
 
 
 def event(kind: str, owner: str, **values: Any) -> Event:

@@ -279,6 +279,17 @@ class Reader:
             "search": search,
         }
 
+    def workers(self, page: int = 0) -> dict[str, Any]:
+        """The worker processes of the list (what app.workers() shows), running first."""
+        params = {"limit": PAGE_SIZE, "offset": page * PAGE_SIZE}
+        rows = self._rows("page_workers", params)
+        return {
+            "rows": records((_without(row, "total") for row in rows), self.mask),
+            "total": rows[0]["total"] if rows else 0,
+            "page": page,
+            "page_size": PAGE_SIZE,
+        }
+
     def failures(self, search: str | None = None) -> dict[str, Any]:
         """Stopped jobs grouped by cause, most jobs first."""
         params = {
@@ -330,8 +341,8 @@ class Reader:
 
     def state(self) -> dict[str, Any]:
         """The page's first view, the same for every viewer: the summary, the worst accounts,
-        the busiest lanes, the causes, the running and stopped jobs however old (paged), and the
-        newest jobs."""
+        the busiest lanes, the workers, the causes, the running and stopped jobs however old
+        (paged), and the newest jobs."""
         started = time.monotonic()
         # The parts are independent reads: each runs on a connection of its own, at once. The
         # first that fails fails the state at once; the others are not waited for.
@@ -341,6 +352,7 @@ class Reader:
                 "summary": reads.submit(self.summary),
                 "accounts": reads.submit(self.accounts),
                 "lanes": reads.submit(self.lanes),
+                "workers": reads.submit(self.workers),
                 "failures": reads.submit(self.failures),
                 "stopped": reads.submit(self.jobs, statuses=["running", *STOPPED_STATUSES]),
                 "recent": reads.submit(self.jobs),
@@ -365,6 +377,7 @@ class Reader:
             "summary": done["summary"],
             "accounts": done["accounts"],
             "lanes": done["lanes"],
+            "workers": done["workers"],
             "failures": done["failures"],
             "jobs": [by_id[key] for key in sorted(by_id, reverse=True)],
             "stopped_before": stopped["next_before"],

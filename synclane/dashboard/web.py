@@ -285,6 +285,10 @@ class Dashboard:
         search, page = search_text(request), number_param(request, "page", MAX_PAGE) or 0
         return self._view(("lanes", search, page), lambda: self.reader.lanes(search, page))
 
+    def api_workers(self, request: Request) -> Answer:
+        page = number_param(request, "page", MAX_PAGE) or 0
+        return self._view(("workers", page), lambda: self.reader.workers(page))
+
     def api_failures(self, request: Request) -> Answer:
         search = search_text(request)
         return self._view(("failures", search), lambda: self.reader.failures(search))
@@ -365,6 +369,7 @@ GET_ROUTES: dict[str, Route] = {
     "/api/state": Dashboard.api_state,
     "/api/accounts": Dashboard.api_accounts,
     "/api/lanes": Dashboard.api_lanes,
+    "/api/workers": Dashboard.api_workers,
     "/api/failures": Dashboard.api_failures,
     "/api/jobs": Dashboard.api_jobs,
     "/api/events": Dashboard.api_events,

@@ -292,3 +292,20 @@ WHERE (%(before)s::bigint IS NULL OR id < %(before)s)
            AND left(md5({schema}.error_cause(error)), 8) = %(cause_id)s))
 ORDER BY CASE WHEN %(narrow)s THEN id + 0 END DESC, id DESC
 LIMIT %(limit)s;
+
+-- name: page_workers
+-- the worker processes of the list, running first, then stopping, then lost, by name; at most
+-- `limit` from `offset`, `total` how many. A worker is lost as the `workers` statement
+-- (workers.sql) decides it: it stopped beating, or its session to PostgreSQL is gone
+SELECT name, host, pid, version, queues, slots, busy, started_at, last_seen_at, state,
+       count(*) OVER () AS total
+FROM (
+    SELECT w.*,
+           CASE WHEN w.expires_at < now() OR a.pid IS NULL THEN 'lost'
+                WHEN w.stopping THEN 'stopping'
+                ELSE 'running' END AS state
+    FROM {schema}.workers w
+    LEFT JOIN pg_stat_activity a ON a.pid = w.session_pid
+) listed
+ORDER BY array_position(ARRAY['running', 'stopping', 'lost'], state), name
+LIMIT %(limit)s OFFSET %(offset)s;

@@ -8,6 +8,7 @@
   const views = {
     accounts: { search: "", page: 0 },
     lanes: { search: "", page: 0 },
+    workers: { page: 0 },
     failures: { search: "" },
     jobs: { view: "", queue: "", owner: "", lane: "", cause_id: "", before: null },
   };
@@ -263,6 +264,27 @@
     );
   }
 
+  function renderWorkers() {
+    const part = shown.workers;
+    pager("workers", part, views.workers);
+    sync("workers", part.rows, (w) => w.name, (w) =>
+      h(
+        "tr",
+        { data: { worker: w.name, state: w.state } },
+        cell(w.name),
+        h("td", { class: "state" }, badge(w.state)),
+        cell(w.host),
+        cell(w.pid, "num"),
+        cell(w.version),
+        cell(w.queues.join(", ")),
+        cell(w.busy, "num busy"),
+        cell(w.slots, "num"),
+        cell(when(w.started_at)),
+        cell(when(w.last_seen_at)),
+      ),
+    );
+  }
+
   function renderFailures() {
     const part = shown.failures;
     const stopped = part.rows.filter((f) => declared(f.queue));
@@ -394,6 +416,7 @@
     renderSummary();
     renderAccounts();
     renderLanes();
+    renderWorkers();
     renderFailures();
     renderJobs();
     for (const span of document.querySelectorAll("span.when")) {
@@ -477,6 +500,9 @@
           l.search || l.page
             ? await get("api/lanes?" + query({ search: l.search, page: l.page }))
             : state.lanes,
+        workers: views.workers.page
+          ? await get("api/workers?" + query({ page: views.workers.page }))
+          : state.workers,
         failures: f.search ? await get("api/failures?" + query({ search: f.search })) : state.failures,
         jobs: await jobsPart(),
       };
