@@ -21,6 +21,7 @@ from dashboard_kit import (
     SCRIPT_ERROR,
     arrange_shop,
     call,
+    post_change,
     post_requeue,
     start,
     statuses,
@@ -28,10 +29,13 @@ from dashboard_kit import (
     token_of,
 )
 from psycopg import sql
+from test_security import _as
+from test_security import roles as documented_roles  # noqa: F401 (a fixture)
 from workers import arrange, job_row, running_worker, wait_for
 
 from synclane import ConfigError, Job, Owner, Page, SyncLane, Throttled
 from synclane.dashboard import DashboardServer, is_loopback, make_server, serve
+from synclane.testing import make_app
 from synclane.worker import presence
 
 SECRET = "a-login-secret-for-tests-only"
@@ -432,6 +436,161 @@ def test_a_body_that_is_not_json_or_too_large_is_refused(server: DashboardServer
     big = b'{"queue": "' + b"x" * 70_000 + b'", "all": true}'
     assert call(server, "POST", "/api/requeue", big, headers).status == 413
     assert call(server, "POST", "/api/requeue", None, headers).status == 411
+
+
+# -- pause and resume -------------------------------------------------------------------------
+
+
+def pauses(db: psycopg.Connection, schema: str) -> list[tuple[Any, ...]]:
+    query = sql.SQL("SELECT queue, paused_at, paused_by, reason FROM {} ORDER BY queue")
+    return db.execute(query.format(sql.Identifier(schema, "queue_pauses"))).fetchall()
+
+
+def test_a_pause_from_the_page_is_app_pause_and_the_page_shows_who_why_and_since_when(
+    app: SyncLane, db: psycopg.Connection, server: DashboardServer
+) -> None:
+    token = token_of(server)
+    why = {"queue": "shops", "reason": "warehouse maintenance until 14:00"}
+    answer = post_change(server, "/api/pause", why, token=token)
+    assert answer.status == 200
+    paused = answer.json()["paused"]
+    [(queue, since, by, reason)] = pauses(db, app.schema)
+    assert (queue, reason) == ("shops", "warehouse maintenance until 14:00")
+    assert by.endswith(" via the dashboard")  # user@host of the page's server
+    assert (paused["queue"], paused["paused_by"], paused["reason"]) == ("shops", by, reason)
+    assert datetime.fromisoformat(paused["paused_at"]) == since
+    # what the workers and the SDK read, and what the page shows to every viewer
+    assert set(app.depth("shops")["paused_by"]) == {by}
+    [shown] = call(server, "GET", "/api/state").json()["summary"]["queues"]
+    assert (shown["pause"]["paused_by"], shown["pause"]["reason"]) == (by, reason)
+    assert datetime.fromisoformat(shown["pause"]["paused_at"]) == since
+
+    # pausing a paused queue keeps when and by whom, and takes the new reason (app.pause)
+    again = {"queue": "shops", "reason": "still down", "by": "alice"}
+    assert post_change(server, "/api/pause", again, token=token).status == 200
+    assert pauses(db, app.schema) == [("shops", since, by, "still down")]
+
+    resume = {"queue": "shops"}
+    assert post_change(server, "/api/resume", resume, token=token).json() == {"resumed": True}
+    assert pauses(db, app.schema) == []
+    [shown] = call(server, "GET", "/api/state").json()["summary"]["queues"]
+    assert shown["pause"] is None
+    assert post_change(server, "/api/resume", resume, token=token).json() == {"resumed": False}
+    mine = {"queue": "shops", "reason": "my turn", "by": "alice"}
+    assert post_change(server, "/api/pause", mine, token=token).json()["paused"]["paused_by"] == (
+        "alice"
+    )
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"queue": "shops"}, "say why you pause the queue"),
+        ({"queue": "shops", "reason": ""}, "say why you pause the queue"),
+        ({"queue": "shops", "reason": "   "}, "say why you pause the queue"),
+        ({"queue": "shops", "reason": 5}, "say why you pause the queue"),
+        ({"queue": "shops", "reason": "x", "by": ""}, "by must be a non-empty string"),
+        ({"queue": "shops", "reason": "x", "until": "14:00"}, "unknown field(s) until"),
+        ({"reason": "x"}, "name the queue"),
+        ({"queue": "nope", "reason": "x"}, "unknown queue 'nope'"),
+        (["shops"], "send a JSON object"),
+    ],
+)
+def test_a_pause_without_a_reason_or_of_an_unknown_queue_is_a_400_and_pauses_nothing(
+    app: SyncLane, db: psycopg.Connection, server: DashboardServer, body: Any, message: str
+) -> None:
+    answer = post_change(server, "/api/pause", body)
+    assert answer.status == 400
+    assert message in answer.json()["error"]
+    assert pauses(db, app.schema) == []
+
+
+@pytest.mark.parametrize("path", ["/api/pause", "/api/resume"])
+@pytest.mark.parametrize(
+    ("headers", "status"),
+    [
+        ({"X-Synclane-Token": None}, 403),
+        ({"X-Synclane-Token": "not-the-token"}, 403),
+        ({"Origin": "http://evil.example"}, 403),
+        ({"Sec-Fetch-Site": "same-site"}, 403),
+        ({"X-Forwarded-For": "203.0.113.9"}, 403),
+        ({"Content-Type": "text/plain"}, 415),
+    ],
+)
+def test_a_cross_site_or_tokenless_pause_or_resume_is_refused(
+    app: SyncLane,
+    db: psycopg.Connection,
+    server: DashboardServer,
+    path: str,
+    headers: dict[str, str],
+    status: int,
+) -> None:
+    if path == "/api/resume":
+        app.pause("shops", "set by the test")
+    before = pauses(db, app.schema)
+    body = {"queue": "shops", "reason": "forged"} if path == "/api/pause" else {"queue": "shops"}
+    answer = post_change(server, path, body, headers=headers)
+    assert answer.status == status
+    assert "error" in answer.json()
+    assert pauses(db, app.schema) == before
+
+
+def test_beyond_loopback_pause_and_resume_need_the_login(
+    app: SyncLane, db: psycopg.Connection, shop: dict[str, int]
+) -> None:
+    server = start(app, host="0.0.0.0", allow_remote=True, login_secret=SECRET)
+    try:
+        body = {"queue": "shops", "reason": "deploy"}
+        assert post_change(server, "/api/pause", body, token="x" * 64).status == 401
+        login = call(
+            server,
+            "POST",
+            "/api/login",
+            json.dumps({"secret": SECRET}).encode(),
+            {"Content-Type": "application/json"},
+        )
+        session = {"Cookie": login.headers["Set-Cookie"].split(";")[0]}
+        token = token_of(server, headers=session)
+        assert post_change(server, "/api/pause", body, token=token).status == 401  # no session
+        assert pauses(db, app.schema) == []
+        paused = post_change(server, "/api/pause", body, token=token, headers=session)
+        assert paused.status == 200 and len(pauses(db, app.schema)) == 1
+        assert post_change(server, "/api/resume", {"queue": "shops"}, token=token).status == 401
+        resumed = post_change(
+            server, "/api/resume", {"queue": "shops"}, token=token, headers=session
+        )
+        assert resumed.json() == {"resumed": True} and pauses(db, app.schema) == []
+    finally:
+        stop(server)
+
+
+def test_on_the_analyst_role_the_page_reads_and_its_changes_are_a_403_naming_the_grants(
+    dsn: str,
+    schema: str,
+    db: psycopg.Connection,
+    documented_roles: dict[str, str],  # noqa: F811 (the fixture imported above)
+) -> None:
+    """docs/operations.md: the dashboard runs as synclane_worker; on the read-only role the page
+    still shows everything, and a change says which grants it lacks instead of "the database is
+    not answering"."""
+    for role, pause_status in (("analyst", 403), ("worker", 200)):
+        app = make_app(_as(dsn, documented_roles[role]), schema)
+        products_queue(app)
+        server = start(app)
+        try:
+            assert call(server, "GET", "/api/state").status == 200
+            answer = post_change(server, "/api/pause", {"queue": "shops", "reason": "r"})
+            assert answer.status == pause_status, role
+            if role == "analyst":
+                assert "synclane_worker grants" in answer.json()["error"]
+                assert pauses(db, schema) == []
+                requeue = post_requeue(server, {"queue": "shops", "all": True})
+                assert requeue.status == 403 and "may not requeue" in requeue.json()["error"]
+        finally:
+            stop(server)
+            app.close()
+    [(_, _, by, _)] = pauses(db, schema)
+    assert by.endswith(" via the dashboard")
 
 
 # -- who may ask ------------------------------------------------------------------------------

@@ -209,6 +209,44 @@ def test_requeue_all_stopped_jobs(
         assert job_row(db, app.schema, shop[name])["status"] == "pending"
 
 
+def test_pause_needs_a_reason_shows_who_why_and_since_when_and_resume_undoes_it(
+    page: Any, app: SyncLane, db: psycopg.Connection, seen: Seen
+) -> None:
+    from playwright.sync_api import expect
+
+    def paused() -> list[tuple[Any, ...]]:
+        query = psycopg.sql.SQL("SELECT paused_by, reason FROM {}").format(
+            psycopg.sql.Identifier(app.schema, "queue_pauses")
+        )
+        return db.execute(query).fetchall()
+
+    row = page.locator('#queues tbody tr[data-queue="shops"]')
+    expect(row.locator("td.state")).to_have_text("taking jobs")
+    pause = row.locator("button.pause")
+    expect(pause).to_be_disabled()  # a reason is required
+    row.locator("input.reason").fill("   ")
+    expect(pause).to_be_disabled()
+    why = "warehouse <b>down</b> until 14:00"
+    row.locator("input.reason").fill(why)
+    pause.click()
+    expect(page.locator("#notice")).to_contain_text("queue shops paused by ")
+    expect(row.locator("td.state")).to_have_text("paused")
+    expect(row.locator("td.why")).to_have_text(why)  # markup shows as text
+    [(by, reason)] = paused()
+    assert reason == why and by.endswith(" via the dashboard")
+    expect(row.locator("td.by")).to_have_text(by)
+    expect(row).to_contain_text("s ago")
+    expect(page.locator('#summary tr[data-queue="shops"]')).to_contain_text("paused")
+    assert page.locator("#queues b").count() == 0
+
+    row.locator("button.resume").click()
+    expect(page.locator("#notice")).to_have_text("queue shops resumed")
+    expect(row.locator("td.state")).to_have_text("taking jobs")
+    expect(row.locator("input.reason")).to_have_value("")
+    assert paused() == []
+    assert seen.errors == []
+
+
 def test_an_error_wraps_between_words(page: Any, shop: dict[str, int]) -> None:
     cell = page.locator(f'#jobs tr[data-job-id="{shop["failed"]}"] td.error')
     style = cell.evaluate(

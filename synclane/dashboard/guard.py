@@ -188,7 +188,7 @@ class Login:
         self._lock = threading.Lock()
 
     def token(self) -> str:
-        """The page's requeue token: the same in every process that has the secret."""
+        """The page's token for every change: the same in every process that has the secret."""
         return hmac.new(self._key, b"requeue token", "sha256").hexdigest()
 
     def check(self, offered: object) -> bool:
@@ -226,7 +226,7 @@ class Login:
 
 
 def random_token() -> str:
-    """A requeue token for one server: only a page it rendered can requeue."""
+    """A token for one server's changes: only a page it rendered can requeue or pause."""
     return secrets.token_urlsafe(32)
 
 

@@ -195,9 +195,9 @@ def make_server(
     if not local and not allow_remote:
         raise ConfigError(
             f"the dashboard would listen on {host or 'every address'!r}, which other machines "
-            "can reach, and it can requeue jobs. Keep the default 127.0.0.1, or pass "
-            "--allow-remote (allow_remote=True) with a login secret, ideally behind a proxy "
-            "that terminates TLS"
+            "can reach, and it can requeue jobs and pause queues. Keep the default 127.0.0.1, "
+            "or pass --allow-remote (allow_remote=True) with a login secret, ideally behind a "
+            "proxy that terminates TLS"
         )
     secret = check_login_secret(login_secret)
     if not local and secret is None:

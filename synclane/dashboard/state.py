@@ -204,7 +204,8 @@ class Reader:
     # -- the parts of the page -------------------------------------------------------------
 
     def summary(self) -> dict[str, Any]:
-        """Unfinished jobs per queue and status, and the table's size (an estimate)."""
+        """Unfinished jobs per queue and status, each queue's pause (since when, by whom, why;
+        None when it takes jobs), and the table's size (an estimate)."""
         size = self._rows("page_table_rows", {"schema": self.schema})
         if not size:
             raise Unavailable(self._no_schema())
@@ -212,11 +213,25 @@ class Reader:
         for row in self._rows("page_summary", {}):
             entry = by_queue.setdefault(row["queue"], {"queue": row["queue"], "statuses": {}})
             entry["statuses"][row["status"]] = {"jobs": row["jobs"], "owners": row["owners"]}
-        for name in self.queues():
+        pauses = {row["queue"]: row for row in self._rows("paused_queues", {"queue": None})}
+        for name in [*self.queues(), *pauses]:
             by_queue.setdefault(name, {"queue": name, "statuses": {}})
-        queues = [
-            {**entry, "queue": self.mask(entry["queue"])} for _, entry in sorted(by_queue.items())
-        ]
+        queues = []
+        for name, entry in sorted(by_queue.items()):
+            pause = pauses.get(name)
+            if pause is not None:
+                pause = {
+                    "paused_at": pause["paused_at"],
+                    "paused_by": pause["paused_by"],
+                    "reason": pause["pause_reason"],
+                }
+            queues.append(
+                {
+                    **entry,
+                    "queue": self.mask(name),
+                    "pause": None if pause is None else records([pause], self.mask)[0],
+                }
+            )
         return {"queues": queues, "table_rows_estimate": size[0]["rows"]}
 
     def accounts(self, search: str | None = None, page: int = 0) -> dict[str, Any]:

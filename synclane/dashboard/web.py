@@ -10,7 +10,7 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from http import HTTPStatus
 from importlib import resources
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 
@@ -22,15 +22,25 @@ from synclane.dashboard.request import (
     Request,
     name_param,
     number_param,
+    pause_request,
     read_json,
     request_headers,
     requeue_request,
+    resume_request,
     search_text,
 )
-from synclane.dashboard.state import DATABASE_DOWN, JOB_STATUSES, Reader, Unavailable, Views
+from synclane.dashboard.state import (
+    DATABASE_DOWN,
+    JOB_STATUSES,
+    Reader,
+    Unavailable,
+    Views,
+    records,
+)
 from synclane.errors import SchemaError
 from synclane.events import EventLog
 from synclane.model import ConfigError
+from synclane.operations import default_author
 
 log = logging.getLogger("synclane.dashboard")
 
@@ -70,6 +80,7 @@ def json_answer(status: int, body: Any, headers: Iterable[tuple[str, str]] = ())
 
 
 Route = Callable[["Dashboard", Request], Answer]
+T = TypeVar("T")
 
 
 class Dashboard:
@@ -110,7 +121,7 @@ class Dashboard:
         self.hosts = guard.HostCheck(bound_host, public_hosts)
         secret = guard.check_login_secret(login_secret)
         self.login = None if secret is None else guard.Login(secret)
-        # A fresh random token per page server: only a page it rendered can requeue. With a
+        # A fresh random token per page server: only a page it rendered can act. With a
         # login it comes from the secret, so every process given the secret agrees on it.
         self.token = guard.random_token() if self.login is None else self.login.token()
         self.events = events
@@ -320,19 +331,44 @@ class Dashboard:
 
     # -- changes -----------------------------------------------------------------------------
 
+    def _change(self, what: str, operation: Callable[[], T]) -> T:
+        """An operation of the app on behalf of the page: its ConfigError is a 400 with the
+        app's own message, a database that does not answer a 503; the next look shows what
+        changed."""
+        try:
+            done = operation()
+        except ConfigError as error:
+            raise Refused(400, self.reader.mask(str(error))) from None
+        except psycopg.errors.InsufficientPrivilege:
+            raise Refused(
+                403,
+                f"the page's database role may not {what}: give it the synclane_worker grants "
+                "(docs/operations.md, Roles and grants)",
+            ) from None
+        except (DatabaseUnavailable, SchemaError, psycopg.Error, OSError) as error:
+            log.warning("dashboard: %s failed: %s", what, type(error).__name__)
+            raise Refused(503, DATABASE_DOWN) from None
+        self.views.forget()
+        return done
+
     def api_requeue(self, request: Request) -> Answer:
         self.refuse_forged_change(request)
         queue, selection = requeue_request(read_json(request))
-        try:
-            count = self.app.requeue(queue, **selection)
-        except ConfigError as error:
-            raise Refused(400, self.reader.mask(str(error))) from None
-        except (DatabaseUnavailable, SchemaError, psycopg.Error, OSError) as error:
-            log.warning("dashboard: requeue failed: %s", type(error).__name__)
-            raise Refused(503, DATABASE_DOWN) from None
+        count = self._change("requeue", lambda: self.app.requeue(queue, **selection))
         log.info("dashboard: requeued %d job(s) in %s (%s)", count, queue, selection)
-        self.views.forget()  # the next look shows what changed
         return json_answer(200, {"requeued": count})
+
+    def api_pause(self, request: Request) -> Answer:
+        self.refuse_forged_change(request)
+        queue, reason, by = pause_request(read_json(request))
+        who = by or f"{default_author()} via the dashboard"
+        pause = self._change("pause", lambda: self.app.pause(queue, reason, by=who))
+        return json_answer(200, {"paused": records([pause], self.reader.mask)[0]})
+
+    def api_resume(self, request: Request) -> Answer:
+        self.refuse_forged_change(request)
+        queue = resume_request(read_json(request))
+        return json_answer(200, {"resumed": self._change("resume", lambda: self.app.resume(queue))})
 
     def api_login(self, request: Request) -> Answer:
         if self.login is None:
@@ -376,6 +412,8 @@ GET_ROUTES: dict[str, Route] = {
 }
 POST_ROUTES: dict[str, Route] = {
     "/api/requeue": Dashboard.api_requeue,
+    "/api/pause": Dashboard.api_pause,
+    "/api/resume": Dashboard.api_resume,
     "/api/login": Dashboard.api_login,
     "/api/logout": Dashboard.api_logout,
 }
