@@ -28,6 +28,7 @@ from dashboard_kit import (
     stop,
     token_of,
 )
+from prometheus_client.parser import text_string_to_metric_families
 from psycopg import sql
 from test_security import _as
 from test_security import roles as documented_roles  # noqa: F401 (a fixture)
@@ -591,6 +592,93 @@ def test_on_the_analyst_role_the_page_reads_and_its_changes_are_a_403_naming_the
             app.close()
     [(_, _, by, _)] = pauses(db, schema)
     assert by.endswith(" via the dashboard")
+
+
+# -- /metrics ---------------------------------------------------------------------------------
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+OPEN = ("pending", "running", "failed", "deferred", "abandoned")
+
+
+def scrape(server: DashboardServer, **options: Any) -> Samples:
+    """GET /metrics as Prometheus sends it: no Origin, no cookie, no token."""
+    answer = call(server, "GET", "/metrics", **options)
+    assert answer.status == 200, answer.text
+    assert answer.headers["Content-Type"].startswith("text/plain; version=")
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(answer.text)
+        for sample in family.samples
+    }
+
+
+def gauge(samples: Samples, name: str, **labels: str) -> float:
+    return samples[(name, frozenset(labels.items()))]
+
+
+def test_the_page_serves_metrics_only_when_asked_for(server: DashboardServer) -> None:
+    answer = call(server, "GET", "/metrics")
+    assert answer.status == 404 and "metrics=True" in answer.json()["error"]
+
+
+def test_metrics_scraped_over_http_match_the_table_read_at_most_once_per_interval(
+    app: SyncLane, db: psycopg.Connection, shop: dict[str, int]
+) -> None:
+    server = start(app, metrics=True)
+    try:
+        samples = scrape(server)
+        app.pause("shops", "read by the next scrape but one")
+        assert gauge(scrape(server), "synclane_queue_paused", queue="shops") == 0  # kept
+        jobs = sql.Identifier(app.schema, "jobs")
+        counts = dict(
+            db.execute(
+                sql.SQL("SELECT status, count(*) FROM {} GROUP BY status").format(jobs)
+            ).fetchall()
+        )
+        [(due,)] = db.execute(
+            sql.SQL(
+                "SELECT count(*) FROM {} WHERE status IN ('pending', 'failed') "
+                "AND next_run_at <= now()"
+            ).format(jobs)
+        ).fetchall()
+        assert gauge(samples, "synclane_table_up") == 1
+        for status in OPEN:
+            shown = gauge(samples, "synclane_open_jobs", queue="shops", status=status)
+            assert shown == counts.get(status, 0), status
+        assert counts["pending"] > 0 and counts["running"] == 1 and counts["abandoned"] == 1
+        assert gauge(samples, "synclane_due_jobs", queue="shops") == due
+        assert gauge(samples, "synclane_workers", state="running") == 0
+        # once the interval has passed, a scrape reads the table again
+        wait_for(
+            lambda: gauge(scrape(server), "synclane_queue_paused", queue="shops") == 1,
+            timeout=10,
+            what="the pause in the scraped metrics",
+        )
+    finally:
+        stop(server)
+
+
+def test_beyond_loopback_metrics_need_no_login_and_keep_the_host_and_proxy_checks(
+    app: SyncLane, shop: dict[str, int]
+) -> None:
+    """A scraper cannot log in: /metrics, which holds names and counts and no secret, is open
+    when asked for; the page and its API still need the login, and the Host, proxy and
+    cross-site checks hold for /metrics too."""
+    server = start(app, host="0.0.0.0", allow_remote=True, login_secret=SECRET, metrics=True)
+    try:
+        assert gauge(scrape(server), "synclane_table_up") == 1
+        text = call(server, "GET", "/metrics")
+        assert app.dsn not in text.text and "password" not in text.text
+        assert text.headers["X-Content-Type-Options"] == "nosniff"
+        assert call(server, "GET", "/api/state").status == 401
+        assert call(server, "GET", "/").status == 303
+        assert call(server, "GET", "/metrics", host="evil.example").status == 403
+        proxied = {"X-Forwarded-For": "203.0.113.9"}
+        assert call(server, "GET", "/metrics", headers=proxied).status == 403
+        other_site = {"Sec-Fetch-Site": "cross-site"}
+        assert call(server, "GET", "/metrics", headers=other_site).status == 403
+    finally:
+        stop(server)
 
 
 # -- who may ask ------------------------------------------------------------------------------

@@ -5,7 +5,8 @@ every answer carries, and the login (a secret exchanged for a signed cookie).
 - A request that came through a proxy is refused unless the proxy is trusted.
 - A browser's request from another site (Origin, Sec-Fetch-Site) is refused, reads included.
 - A change (POST) also needs the page's token in a header and a JSON body.
-- With a login secret, everything but the login page needs the session cookie it gives.
+- With a login secret, everything but the login page (and /metrics, when served: a scraper
+  cannot log in) needs the session cookie it gives.
 """
 
 from __future__ import annotations

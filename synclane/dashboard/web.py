@@ -10,7 +10,7 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from http import HTTPStatus
 from importlib import resources
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
 
@@ -41,6 +41,9 @@ from synclane.errors import SchemaError
 from synclane.events import EventLog
 from synclane.model import ConfigError
 from synclane.operations import default_author
+
+if TYPE_CHECKING:
+    from synclane.metrics import Metrics
 
 log = logging.getLogger("synclane.dashboard")
 
@@ -97,6 +100,7 @@ class Dashboard:
         interval: float = 2.0,
         statement_timeout: float = 5.0,
         pool_size: int = 4,
+        metrics: bool = False,
         bound_host: str | None = None,
         port: int | None = None,
         local_only: bool = False,
@@ -137,6 +141,21 @@ class Dashboard:
         )
         self.views = Views(float(interval))
         self.interval = float(interval)
+        self.open_routes = OPEN_ROUTES
+        self.metrics: Metrics | None = None
+        if metrics:
+            # Only now: a page without /metrics never imports prometheus_client.
+            from synclane.metrics import Metrics
+
+            # The table's gauges, read at most once per interval however often it is scraped.
+            self.metrics = Metrics(
+                app.database,
+                list(app.queues),
+                refresh=self.interval,
+                statement_timeout=statement_timeout,
+            )
+            # A scraper cannot log in; the text holds names and counts, no secret.
+            self.open_routes = OPEN_ROUTES | {"/metrics"}
         self.pages = {
             name: _static(name)
             for name in ("index.html", "login.html", "app.js", "login.js", "style.css")
@@ -145,6 +164,8 @@ class Dashboard:
     def close(self) -> None:
         """Close the page's database connections."""
         self.reader.close()
+        if self.metrics is not None:
+            self.metrics.close()
 
     # -- WSGI --------------------------------------------------------------------------------
 
@@ -180,11 +201,11 @@ class Dashboard:
                 raise Refused(404, "no page here")
             allowed = "GET, HEAD" if request.path in GET_ROUTES else "POST"
             raise Refused(405, "method not allowed", [("Allow", allowed)])
-        if request.path.startswith("/api/"):
+        if request.path.startswith("/api/") or request.path == "/metrics":
             guard.refuse_cross_site(request_headers(request), self.origin_hosts(request))
         if (
             self.login is not None
-            and request.path not in OPEN_ROUTES
+            and request.path not in self.open_routes
             and not self.login.valid(request.cookie(guard.SESSION_COOKIE))
         ):
             if request.path == "/":
@@ -325,6 +346,12 @@ class Dashboard:
         key = ("jobs", tuple(sorted((k, str(v)) for k, v in filters.items())))
         return self._view(key, lambda: self.reader.jobs(**filters))
 
+    def prometheus(self, request: Request) -> Answer:
+        if self.metrics is None:
+            raise Refused(404, "no page here: serve the page with metrics=True for /metrics")
+        body, content_type = self.metrics.exposition()
+        return Answer(200, body, content_type)
+
     def api_events(self, request: Request) -> Answer:
         after = number_param(request, "after", 2**63 - 1) or 0
         return json_answer(200, events_after(self.events, after, self.reader.mask))
@@ -409,6 +436,7 @@ GET_ROUTES: dict[str, Route] = {
     "/api/failures": Dashboard.api_failures,
     "/api/jobs": Dashboard.api_jobs,
     "/api/events": Dashboard.api_events,
+    "/metrics": Dashboard.prometheus,
 }
 POST_ROUTES: dict[str, Route] = {
     "/api/requeue": Dashboard.api_requeue,
@@ -431,11 +459,13 @@ def wsgi_app(
     interval: float = 2.0,
     statement_timeout: float = 5.0,
     pool_size: int = 4,
+    metrics: bool = False,
 ) -> Dashboard:
     """The page of `app` as a WSGI callable, to mount inside a web app you already run (under
     any path prefix). The Host check is on: the names your site is reached by go in
     `public_hosts`. Authentication is yours (wrap it with your own, see docs/dashboard.md), or
-    pass `login_secret`. `events` feeds the events panel. Call `.close()` when done."""
+    pass `login_secret`. `events` feeds the events panel; `metrics=True` serves the table's
+    gauges as Prometheus text at /metrics, without the login. Call `.close()` when done."""
     return Dashboard(
         app,
         public_hosts=public_hosts,
@@ -445,4 +475,5 @@ def wsgi_app(
         interval=interval,
         statement_timeout=statement_timeout,
         pool_size=pool_size,
+        metrics=metrics,
     )
