@@ -13,7 +13,8 @@
   same table, so aggregate them with `max`.
 
 `exposition()` returns the text and its content type, for a page that serves /metrics itself
-(the dashboard). Only this module imports prometheus_client: `import synclane` and a worker that
+(the dashboard's `metrics=True`: the table's gauges; it runs no worker, so its counters stay
+empty). Only this module imports prometheus_client: `import synclane` and a worker that
 does not ask for metrics never load it. docs/operations.md lists every metric with the alerts
 worth setting.
 """
@@ -101,6 +102,7 @@ class Metrics:
         *,
         refresh: float = REFRESH,
         registry: CollectorRegistry | None = None,
+        statement_timeout: float | None = None,
     ) -> None:
         self.registry = CollectorRegistry() if registry is None else registry
         job = ("queue", "type")
@@ -147,7 +149,7 @@ class Metrics:
             buckets=JOB_BUCKETS,
             registry=self.registry,
         )
-        self.table = TableGauges(database, queues, refresh)
+        self.table = TableGauges(database, queues, refresh, statement_timeout)
         self.registry.register(self.table)
         self._attempts: dict[int, _Attempt] = {}
 
@@ -220,12 +222,20 @@ class Metrics:
 class TableGauges:
     """The gauges read from the table: a prometheus_client collector whose answer is kept for
     `refresh` seconds. A database it cannot read gives `synclane_table_up 0` and no other
-    gauge, rather than old values."""
+    gauge, rather than old values. Its connection only reads, each statement under
+    `statement_timeout` seconds when one is given."""
 
-    def __init__(self, database: Database, queues: Sequence[str], refresh: float) -> None:
+    def __init__(
+        self,
+        database: Database,
+        queues: Sequence[str],
+        refresh: float,
+        statement_timeout: float | None = None,
+    ) -> None:
         self.database = database
         self.queues = list(queues)
         self.refresh = refresh
+        self.statement_timeout = statement_timeout
         self._lock = threading.Lock()
         self._conn: psycopg.Connection[Any] | None = None
         self._read_at = -math.inf
@@ -273,6 +283,10 @@ class TableGauges:
                 self.database.dsn, autocommit=True, connect_timeout=10, application_name=label
             )
             conn.execute("SET jit = off")  # short aggregates: compiling them costs more
+            conn.execute("SET default_transaction_read_only = on")
+            if self.statement_timeout is not None:
+                milliseconds = max(1, round(self.statement_timeout * 1000))
+                conn.execute(f"SET statement_timeout = {milliseconds}")
         conn = self._conn
         store = self.database.store
         found: dict[str, Any] = {

@@ -237,6 +237,19 @@ def post_requeue(
     headers: dict[str, str] | None = None,
 ) -> Answer:
     """A requeue as the page sends it, with changes given in `headers` (a None value drops one)."""
+    return post_change(server, "/api/requeue", body, token=token, headers=headers)
+
+
+def post_change(
+    server: Served,
+    path: str,
+    body: Any,
+    *,
+    token: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> Answer:
+    """A change (requeue, pause, resume) as the page sends it, with changes given in `headers`
+    (a None value drops one)."""
     sent = {
         "Content-Type": "application/json",
         "X-Synclane-Token": token if token is not None else token_of(server),
@@ -248,4 +261,4 @@ def post_requeue(
             sent.pop(name, None)
         else:
             sent[name] = value
-    return call(server, "POST", "/api/requeue", json.dumps(body).encode(), sent)
+    return call(server, "POST", path, json.dumps(body).encode(), sent)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
@@ -20,16 +21,23 @@ from dashboard_kit import (
     SCRIPT_ERROR,
     arrange_shop,
     call,
+    post_change,
     post_requeue,
     start,
     statuses,
     stop,
     token_of,
 )
-from workers import arrange, job_row
+from prometheus_client.parser import text_string_to_metric_families
+from psycopg import sql
+from test_security import _as
+from test_security import roles as documented_roles  # noqa: F401 (a fixture)
+from workers import arrange, job_row, running_worker, wait_for
 
-from synclane import ConfigError, SyncLane
+from synclane import ConfigError, Job, Owner, Page, SyncLane, Throttled
 from synclane.dashboard import DashboardServer, is_loopback, make_server, serve
+from synclane.testing import make_app
+from synclane.worker import presence
 
 SECRET = "a-login-secret-for-tests-only"
 
@@ -175,6 +183,137 @@ def test_an_unreachable_database_answers_503_without_the_password(dsn: str, sche
         stop(server)
 
 
+# -- lanes: throttles and rates ---------------------------------------------------------------
+
+
+def test_a_throttled_lane_stays_paused_on_the_page_after_its_job_is_requeued(
+    app: SyncLane,
+) -> None:
+    """The pause belongs to the lane (lanes.paused_until): a requeue clears the job's Throttled
+    error, not the lane's pause, and the page reads the pause as lanes() does."""
+
+    def slow_down(job: Job) -> Page:
+        raise Throttled(retry_after=3600)
+
+    products_queue(app, owners=[Owner("acme-us", lane="acme")], handler=slow_down)
+    app.plan()
+    app.run_worker(until_idle=True, idle_grace=0, stop_after=30)
+    until = app.lanes("shops")["paused_until"].iloc[0].to_pydatetime()
+    server = start(app)
+    try:
+        assert post_requeue(server, {"queue": "shops", "owner": "acme-us"}).json() == {
+            "requeued": 1
+        }
+        [lane] = call(server, "GET", "/api/state").json()["lanes"]["rows"]
+        [job] = call(server, "GET", "/api/jobs?lane=acme").json()["rows"]
+    finally:
+        stop(server)
+    assert (job["status"], job["error"]) == ("pending", None)
+    assert datetime.fromisoformat(lane["paused_until"]) == until
+    assert app.lanes("shops")["paused_until"].iloc[0].to_pydatetime() == until
+
+
+def test_each_lane_shows_its_rate_and_the_page_starts_it_has_left(app: SyncLane) -> None:
+    """What lanes() shows (docs/flow-control.md): the lane's own rate, else the queue's, else the
+    declared lane_rate, and the starts its current window still allows; no rate where the queue
+    declares none."""
+    shops = [Owner("acme-us", lane="acme"), Owner("acme-eu", lane="acme"), Owner("globex")]
+    products_queue(app, owners=shops, lane_rate=(5, 3600))
+    products_queue(app, "plain")
+    app.plan("shops")
+    app.run_worker(until_idle=True, idle_grace=0, stop_after=30)  # one page start per owner
+    app.set_lane_rate("shops", (10, 60), lane="globex")
+    for owner in ("acme-us", "globex", "initech"):  # initech's lane never started a page
+        app.enqueue("shops", owner, "products")
+    app.enqueue("plain", "acme-us", "products")
+    server = start(app)
+    try:
+        rows = call(server, "GET", "/api/state").json()["lanes"]["rows"]
+    finally:
+        stop(server)
+    shown = {
+        (r["queue"], r["lane"]): (r["rate_count"], r["rate_period"], r["rate_left"]) for r in rows
+    }
+    assert shown == {
+        ("shops", "acme"): (5, 3600.0, 3),
+        ("shops", "globex"): (10, 60.0, 9),
+        ("shops", "initech"): (5, 3600.0, 5),
+        ("plain", "acme-us"): (None, None, None),
+    }
+    frame = app.lanes("shops").set_index("lane")
+    for (queue, lane), (count, period, left) in shown.items():
+        if queue == "shops":
+            assert (frame.loc[lane, "rate_count"], frame.loc[lane, "rate_left"]) == (count, left)
+            assert frame.loc[lane, "rate_period"].total_seconds() == period
+
+
+# -- workers ----------------------------------------------------------------------------------
+
+
+def test_the_workers_section_lists_the_workers_as_app_workers_does(
+    app: SyncLane, db: psycopg.Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Running workers first, then the lost ones (a dead worker's row, its session gone), each
+    with what app.workers() shows: what it works, how busy it is, when it was last seen."""
+    monkeypatch.setattr(presence, "BEAT", 0.1)
+    gate = threading.Event()
+
+    def waits(job: Job) -> Page:
+        gate.wait(30)
+        return Page(None, 1)
+
+    products_queue(app, handler=waits, concurrency=2)
+    app.enqueue("shops", "acme", "products")
+    db.execute(
+        sql.SQL(
+            "INSERT INTO {} (name, instance, host, pid, version, queues, slots, expires_at) "
+            "VALUES ('a-dead-worker', gen_random_uuid(), 'gone.example', 4242, '0.1', "
+            "'{{shops}}', 3, now() + interval '1 minute')"
+        ).format(sql.Identifier(app.schema, "workers"))
+    )
+    try:
+        with running_worker(app):
+            listed: list[Any] = []
+
+            def one_busy() -> bool:
+                listed[:] = [app.workers()]
+                return bool(listed[0]["busy"].sum() == 1)
+
+            wait_for(one_busy, timeout=15, what="the worker busy with the job")
+            busy = listed[0]
+            server = start(app)
+            try:
+                shown = call(server, "GET", "/api/state").json()["workers"]
+                second = call(server, "GET", "/api/workers?page=1").json()
+            finally:
+                stop(server)
+    finally:
+        gate.set()
+    live = busy[busy["state"] == "running"].iloc[0]
+    assert [(w["name"], w["state"]) for w in shown["rows"]] == [
+        (live["name"], "running"),
+        ("a-dead-worker", "lost"),
+    ]
+    assert (shown["total"], second["rows"]) == (2, [])  # 50 a page
+    running, lost = shown["rows"]
+    assert (running["host"], running["pid"], running["version"]) == (
+        live["host"],
+        live["pid"],
+        live["version"],
+    )
+    assert (running["queues"], running["slots"], running["busy"]) == (["shops"], 2, 1)
+    assert datetime.fromisoformat(running["started_at"]) == live["started_at"]
+    seen = datetime.fromisoformat(running["last_seen_at"]) - live["last_seen_at"]
+    assert abs(seen.total_seconds()) < 5  # it beats ten times a second
+    assert (lost["host"], lost["pid"], lost["queues"], lost["slots"], lost["busy"]) == (
+        "gone.example",
+        4242,
+        ["shops"],
+        3,
+        0,
+    )
+
+
 # -- requeue ----------------------------------------------------------------------------------
 
 
@@ -298,6 +437,248 @@ def test_a_body_that_is_not_json_or_too_large_is_refused(server: DashboardServer
     big = b'{"queue": "' + b"x" * 70_000 + b'", "all": true}'
     assert call(server, "POST", "/api/requeue", big, headers).status == 413
     assert call(server, "POST", "/api/requeue", None, headers).status == 411
+
+
+# -- pause and resume -------------------------------------------------------------------------
+
+
+def pauses(db: psycopg.Connection, schema: str) -> list[tuple[Any, ...]]:
+    query = sql.SQL("SELECT queue, paused_at, paused_by, reason FROM {} ORDER BY queue")
+    return db.execute(query.format(sql.Identifier(schema, "queue_pauses"))).fetchall()
+
+
+def test_a_pause_from_the_page_is_app_pause_and_the_page_shows_who_why_and_since_when(
+    app: SyncLane, db: psycopg.Connection, server: DashboardServer
+) -> None:
+    token = token_of(server)
+    why = {"queue": "shops", "reason": "warehouse maintenance until 14:00"}
+    answer = post_change(server, "/api/pause", why, token=token)
+    assert answer.status == 200
+    paused = answer.json()["paused"]
+    [(queue, since, by, reason)] = pauses(db, app.schema)
+    assert (queue, reason) == ("shops", "warehouse maintenance until 14:00")
+    assert by.endswith(" via the dashboard")  # user@host of the page's server
+    assert (paused["queue"], paused["paused_by"], paused["reason"]) == ("shops", by, reason)
+    assert datetime.fromisoformat(paused["paused_at"]) == since
+    # what the workers and the SDK read, and what the page shows to every viewer
+    assert set(app.depth("shops")["paused_by"]) == {by}
+    [shown] = call(server, "GET", "/api/state").json()["summary"]["queues"]
+    assert (shown["pause"]["paused_by"], shown["pause"]["reason"]) == (by, reason)
+    assert datetime.fromisoformat(shown["pause"]["paused_at"]) == since
+
+    # pausing a paused queue keeps when and by whom, and takes the new reason (app.pause)
+    again = {"queue": "shops", "reason": "still down", "by": "alice"}
+    assert post_change(server, "/api/pause", again, token=token).status == 200
+    assert pauses(db, app.schema) == [("shops", since, by, "still down")]
+
+    resume = {"queue": "shops"}
+    assert post_change(server, "/api/resume", resume, token=token).json() == {"resumed": True}
+    assert pauses(db, app.schema) == []
+    [shown] = call(server, "GET", "/api/state").json()["summary"]["queues"]
+    assert shown["pause"] is None
+    assert post_change(server, "/api/resume", resume, token=token).json() == {"resumed": False}
+    mine = {"queue": "shops", "reason": "my turn", "by": "alice"}
+    assert post_change(server, "/api/pause", mine, token=token).json()["paused"]["paused_by"] == (
+        "alice"
+    )
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"queue": "shops"}, "say why you pause the queue"),
+        ({"queue": "shops", "reason": ""}, "say why you pause the queue"),
+        ({"queue": "shops", "reason": "   "}, "say why you pause the queue"),
+        ({"queue": "shops", "reason": 5}, "say why you pause the queue"),
+        ({"queue": "shops", "reason": "x", "by": ""}, "by must be a non-empty string"),
+        ({"queue": "shops", "reason": "x", "until": "14:00"}, "unknown field(s) until"),
+        ({"reason": "x"}, "name the queue"),
+        ({"queue": "nope", "reason": "x"}, "unknown queue 'nope'"),
+        (["shops"], "send a JSON object"),
+    ],
+)
+def test_a_pause_without_a_reason_or_of_an_unknown_queue_is_a_400_and_pauses_nothing(
+    app: SyncLane, db: psycopg.Connection, server: DashboardServer, body: Any, message: str
+) -> None:
+    answer = post_change(server, "/api/pause", body)
+    assert answer.status == 400
+    assert message in answer.json()["error"]
+    assert pauses(db, app.schema) == []
+
+
+@pytest.mark.parametrize("path", ["/api/pause", "/api/resume"])
+@pytest.mark.parametrize(
+    ("headers", "status"),
+    [
+        ({"X-Synclane-Token": None}, 403),
+        ({"X-Synclane-Token": "not-the-token"}, 403),
+        ({"Origin": "http://evil.example"}, 403),
+        ({"Sec-Fetch-Site": "same-site"}, 403),
+        ({"X-Forwarded-For": "203.0.113.9"}, 403),
+        ({"Content-Type": "text/plain"}, 415),
+    ],
+)
+def test_a_cross_site_or_tokenless_pause_or_resume_is_refused(
+    app: SyncLane,
+    db: psycopg.Connection,
+    server: DashboardServer,
+    path: str,
+    headers: dict[str, str],
+    status: int,
+) -> None:
+    if path == "/api/resume":
+        app.pause("shops", "set by the test")
+    before = pauses(db, app.schema)
+    body = {"queue": "shops", "reason": "forged"} if path == "/api/pause" else {"queue": "shops"}
+    answer = post_change(server, path, body, headers=headers)
+    assert answer.status == status
+    assert "error" in answer.json()
+    assert pauses(db, app.schema) == before
+
+
+def test_beyond_loopback_pause_and_resume_need_the_login(
+    app: SyncLane, db: psycopg.Connection, shop: dict[str, int]
+) -> None:
+    server = start(app, host="0.0.0.0", allow_remote=True, login_secret=SECRET)
+    try:
+        body = {"queue": "shops", "reason": "deploy"}
+        assert post_change(server, "/api/pause", body, token="x" * 64).status == 401
+        login = call(
+            server,
+            "POST",
+            "/api/login",
+            json.dumps({"secret": SECRET}).encode(),
+            {"Content-Type": "application/json"},
+        )
+        session = {"Cookie": login.headers["Set-Cookie"].split(";")[0]}
+        token = token_of(server, headers=session)
+        assert post_change(server, "/api/pause", body, token=token).status == 401  # no session
+        assert pauses(db, app.schema) == []
+        paused = post_change(server, "/api/pause", body, token=token, headers=session)
+        assert paused.status == 200 and len(pauses(db, app.schema)) == 1
+        assert post_change(server, "/api/resume", {"queue": "shops"}, token=token).status == 401
+        resumed = post_change(
+            server, "/api/resume", {"queue": "shops"}, token=token, headers=session
+        )
+        assert resumed.json() == {"resumed": True} and pauses(db, app.schema) == []
+    finally:
+        stop(server)
+
+
+def test_on_the_analyst_role_the_page_reads_and_its_changes_are_a_403_naming_the_grants(
+    dsn: str,
+    schema: str,
+    db: psycopg.Connection,
+    documented_roles: dict[str, str],  # noqa: F811 (the fixture imported above)
+) -> None:
+    """docs/operations.md: the dashboard runs as synclane_worker; on the read-only role the page
+    still shows everything, and a change says which grants it lacks instead of "the database is
+    not answering"."""
+    for role, pause_status in (("analyst", 403), ("worker", 200)):
+        app = make_app(_as(dsn, documented_roles[role]), schema)
+        products_queue(app)
+        server = start(app)
+        try:
+            assert call(server, "GET", "/api/state").status == 200
+            answer = post_change(server, "/api/pause", {"queue": "shops", "reason": "r"})
+            assert answer.status == pause_status, role
+            if role == "analyst":
+                assert "synclane_worker grants" in answer.json()["error"]
+                assert pauses(db, schema) == []
+                requeue = post_requeue(server, {"queue": "shops", "all": True})
+                assert requeue.status == 403 and "may not requeue" in requeue.json()["error"]
+        finally:
+            stop(server)
+            app.close()
+    [(_, _, by, _)] = pauses(db, schema)
+    assert by.endswith(" via the dashboard")
+
+
+# -- /metrics ---------------------------------------------------------------------------------
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+OPEN = ("pending", "running", "failed", "deferred", "abandoned")
+
+
+def scrape(server: DashboardServer, **options: Any) -> Samples:
+    """GET /metrics as Prometheus sends it: no Origin, no cookie, no token."""
+    answer = call(server, "GET", "/metrics", **options)
+    assert answer.status == 200, answer.text
+    assert answer.headers["Content-Type"].startswith("text/plain; version=")
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(answer.text)
+        for sample in family.samples
+    }
+
+
+def gauge(samples: Samples, name: str, **labels: str) -> float:
+    return samples[(name, frozenset(labels.items()))]
+
+
+def test_the_page_serves_metrics_only_when_asked_for(server: DashboardServer) -> None:
+    answer = call(server, "GET", "/metrics")
+    assert answer.status == 404 and "metrics=True" in answer.json()["error"]
+
+
+def test_metrics_scraped_over_http_match_the_table_read_at_most_once_per_interval(
+    app: SyncLane, db: psycopg.Connection, shop: dict[str, int]
+) -> None:
+    server = start(app, metrics=True)
+    try:
+        samples = scrape(server)
+        app.pause("shops", "read by the next scrape but one")
+        assert gauge(scrape(server), "synclane_queue_paused", queue="shops") == 0  # kept
+        jobs = sql.Identifier(app.schema, "jobs")
+        counts = dict(
+            db.execute(
+                sql.SQL("SELECT status, count(*) FROM {} GROUP BY status").format(jobs)
+            ).fetchall()
+        )
+        [(due,)] = db.execute(
+            sql.SQL(
+                "SELECT count(*) FROM {} WHERE status IN ('pending', 'failed') "
+                "AND next_run_at <= now()"
+            ).format(jobs)
+        ).fetchall()
+        assert gauge(samples, "synclane_table_up") == 1
+        for status in OPEN:
+            shown = gauge(samples, "synclane_open_jobs", queue="shops", status=status)
+            assert shown == counts.get(status, 0), status
+        assert counts["pending"] > 0 and counts["running"] == 1 and counts["abandoned"] == 1
+        assert gauge(samples, "synclane_due_jobs", queue="shops") == due
+        assert gauge(samples, "synclane_workers", state="running") == 0
+        # once the interval has passed, a scrape reads the table again
+        wait_for(
+            lambda: gauge(scrape(server), "synclane_queue_paused", queue="shops") == 1,
+            timeout=10,
+            what="the pause in the scraped metrics",
+        )
+    finally:
+        stop(server)
+
+
+def test_beyond_loopback_metrics_need_no_login_and_keep_the_host_and_proxy_checks(
+    app: SyncLane, shop: dict[str, int]
+) -> None:
+    """A scraper cannot log in: /metrics, which holds names and counts and no secret, is open
+    when asked for; the page and its API still need the login, and the Host, proxy and
+    cross-site checks hold for /metrics too."""
+    server = start(app, host="0.0.0.0", allow_remote=True, login_secret=SECRET, metrics=True)
+    try:
+        assert gauge(scrape(server), "synclane_table_up") == 1
+        text = call(server, "GET", "/metrics")
+        assert app.dsn not in text.text and "password" not in text.text
+        assert text.headers["X-Content-Type-Options"] == "nosniff"
+        assert call(server, "GET", "/api/state").status == 401
+        assert call(server, "GET", "/").status == 303
+        assert call(server, "GET", "/metrics", host="evil.example").status == 403
+        proxied = {"X-Forwarded-For": "203.0.113.9"}
+        assert call(server, "GET", "/metrics", headers=proxied).status == 403
+        other_site = {"Sec-Fetch-Site": "cross-site"}
+        assert call(server, "GET", "/metrics", headers=other_site).status == 403
+    finally:
+        stop(server)
 
 
 # -- who may ask ------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ own, which fails without a network."""
 from __future__ import annotations
 
 import importlib.util
+import threading
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -17,10 +18,11 @@ from typing import Any
 
 import psycopg
 import pytest
+from apps import products_queue
 from dashboard_kit import LONG_ERROR, SCRIPT_ERROR, arrange_shop, start, stop
-from workers import arrange, job_row
+from workers import arrange, job_row, running_worker, wait_for
 
-from synclane import SyncLane
+from synclane import Job, Owner, Page, SyncLane, Throttled
 from synclane.dashboard import DashboardServer
 from synclane.events import Event, EventLog
 
@@ -207,6 +209,44 @@ def test_requeue_all_stopped_jobs(
         assert job_row(db, app.schema, shop[name])["status"] == "pending"
 
 
+def test_pause_needs_a_reason_shows_who_why_and_since_when_and_resume_undoes_it(
+    page: Any, app: SyncLane, db: psycopg.Connection, seen: Seen
+) -> None:
+    from playwright.sync_api import expect
+
+    def paused() -> list[tuple[Any, ...]]:
+        query = psycopg.sql.SQL("SELECT paused_by, reason FROM {}").format(
+            psycopg.sql.Identifier(app.schema, "queue_pauses")
+        )
+        return db.execute(query).fetchall()
+
+    row = page.locator('#queues tbody tr[data-queue="shops"]')
+    expect(row.locator("td.state")).to_have_text("taking jobs")
+    pause = row.locator("button.pause")
+    expect(pause).to_be_disabled()  # a reason is required
+    row.locator("input.reason").fill("   ")
+    expect(pause).to_be_disabled()
+    why = "warehouse <b>down</b> until 14:00"
+    row.locator("input.reason").fill(why)
+    pause.click()
+    expect(page.locator("#notice")).to_contain_text("queue shops paused by ")
+    expect(row.locator("td.state")).to_have_text("paused")
+    expect(row.locator("td.why")).to_have_text(why)  # markup shows as text
+    [(by, reason)] = paused()
+    assert reason == why and by.endswith(" via the dashboard")
+    expect(row.locator("td.by")).to_have_text(by)
+    expect(row).to_contain_text("s ago")
+    expect(page.locator('#summary tr[data-queue="shops"]')).to_contain_text("paused")
+    assert page.locator("#queues b").count() == 0
+
+    row.locator("button.resume").click()
+    expect(page.locator("#notice")).to_have_text("queue shops resumed")
+    expect(row.locator("td.state")).to_have_text("taking jobs")
+    expect(row.locator("input.reason")).to_have_value("")
+    assert paused() == []
+    assert seen.errors == []
+
+
 def test_an_error_wraps_between_words(page: Any, shop: dict[str, int]) -> None:
     cell = page.locator(f'#jobs tr[data-job-id="{shop["failed"]}"] td.error')
     style = cell.evaluate(
@@ -289,6 +329,68 @@ def test_the_page_says_when_its_server_stopped_and_turns_its_buttons_off(
     assert buttons.count() >= 4
     for n in range(buttons.count()):
         expect(buttons.nth(n)).to_be_disabled()
+
+
+def test_a_lane_shows_its_rate_and_its_throttle_pause_also_after_a_requeue(
+    open_tab: Callable[[str], Any], app: SyncLane
+) -> None:
+    from playwright.sync_api import expect
+
+    def slow_down(job: Job) -> Page:
+        raise Throttled(retry_after=3600)
+
+    products_queue(
+        app, owners=[Owner("acme-us", lane="acme")], handler=slow_down, lane_rate=(5, 3600)
+    )
+    app.plan()
+    # one start, then the 429; in a thread: playwright's loop runs in this one
+    worker = threading.Thread(
+        target=app.run_worker, kwargs={"until_idle": True, "idle_grace": 0, "stop_after": 30}
+    )
+    worker.start()
+    worker.join()
+    server = start(app)
+    try:
+        tab = open_tab(server.url)
+        lane = tab.locator('#lanes tbody tr[data-lane="acme"]')
+        expect(lane.locator("td.rate")).to_have_text("5 / 1h, 4 left")
+        expect(lane).to_contain_text("throttled")
+        expect(lane).to_contain_text("paused until in 59m")
+        app.requeue("shops", owner="acme-us")
+        tab.reload()
+        expect(tab.locator('#jobs tbody tr[data-status="pending"]')).to_have_count(1)
+        expect(lane).to_contain_text("paused until in 59m")
+    finally:
+        stop(server)
+
+
+def test_the_workers_section_shows_each_worker_with_its_state(
+    open_tab: Callable[[str], Any], app: SyncLane, db: psycopg.Connection
+) -> None:
+    from playwright.sync_api import expect
+
+    products_queue(app, concurrency=2)
+    db.execute(
+        psycopg.sql.SQL(
+            "INSERT INTO {} (name, instance, host, pid, version, queues, slots, expires_at) "
+            "VALUES ('a-dead-worker', gen_random_uuid(), 'gone.example', 4242, '0.1', "
+            "'{{shops}}', 3, now() + interval '1 minute')"
+        ).format(psycopg.sql.Identifier(app.schema, "workers"))
+    )
+    with running_worker(app) as worker:
+        wait_for(lambda: len(app.workers()) == 2, timeout=15, what="the worker in the list")
+        server = start(app)
+        try:
+            tab = open_tab(server.url)
+            rows = tab.locator("#workers tbody tr")
+            expect(rows).to_have_count(2)
+            expect(rows.nth(0).locator("td.state")).to_have_text("running")
+            expect(rows.nth(0)).to_contain_text(worker.name)
+            expect(rows.nth(1).locator("td.state")).to_have_text("lost")
+            expect(rows.nth(1)).to_contain_text("gone.example")
+            expect(tab.locator("#workers .count")).to_have_text("1–2 of 2")
+        finally:
+            stop(server)
 
 
 def event(kind: str, owner: str, **values: Any) -> Event:

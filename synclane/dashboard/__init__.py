@@ -1,5 +1,6 @@
-"""The dashboard: one page showing the jobs table now, with Requeue buttons and the worker's
-events. docs/dashboard.md has what it shows and its security model.
+"""The dashboard: one page showing the jobs table now, the lanes and the workers, with Requeue,
+Pause and Resume buttons and the worker's events. docs/dashboard.md has what it shows and its
+security model.
 
 - `wsgi_app(app, ...)`: the page as a WSGI callable, to mount in a web app you already run;
 - `make_server(app, host=, port=, ...)`: the page on its own server (waitress), bound;

@@ -5,7 +5,8 @@ every answer carries, and the login (a secret exchanged for a signed cookie).
 - A request that came through a proxy is refused unless the proxy is trusted.
 - A browser's request from another site (Origin, Sec-Fetch-Site) is refused, reads included.
 - A change (POST) also needs the page's token in a header and a JSON body.
-- With a login secret, everything but the login page needs the session cookie it gives.
+- With a login secret, everything but the login page (and /metrics, when served: a scraper
+  cannot log in) needs the session cookie it gives.
 """
 
 from __future__ import annotations
@@ -188,7 +189,7 @@ class Login:
         self._lock = threading.Lock()
 
     def token(self) -> str:
-        """The page's requeue token: the same in every process that has the secret."""
+        """The page's token for every change: the same in every process that has the secret."""
         return hmac.new(self._key, b"requeue token", "sha256").hexdigest()
 
     def check(self, offered: object) -> bool:
@@ -226,7 +227,7 @@ class Login:
 
 
 def random_token() -> str:
-    """A requeue token for one server: only a page it rendered can requeue."""
+    """A token for one server's changes: only a page it rendered can requeue or pause."""
     return secrets.token_urlsafe(32)
 
 

@@ -115,16 +115,9 @@ def requeue_request(request: Any) -> tuple[str, dict[str, Any]]:
     """`{"queue": q}` with exactly one of `job` (an id), `owner`, `cause`, `cause_id` or
     `all: true`; `type` may narrow all but `job`. Returns the queue and requeue()'s other
     arguments."""
-    if not isinstance(request, dict):
-        raise Refused(400, 'send a JSON object such as {"queue": "shops", "job": 12}')
     choices = ("job", "owner", "cause", "cause_id", "all")
-    known = {"queue", "type", *choices}
-    unknown = sorted(set(request) - known)
-    if unknown:
-        raise Refused(400, f"unknown field(s) {', '.join(unknown)}; use {', '.join(sorted(known))}")
-    queue = request.get("queue")
-    if not isinstance(queue, str) or not queue:
-        raise Refused(400, 'name the queue: {"queue": "shops", ...}')
+    request = _fields(request, {"queue", "type", *choices}, '{"queue": "shops", "job": 12}')
+    queue = _queue(request)
     chosen = [key for key in choices if key in request]
     if len(chosen) != 1:
         raise Refused(400, "say what to requeue with exactly one of job, owner, cause or all")
@@ -147,3 +140,39 @@ def requeue_request(request: Any) -> tuple[str, dict[str, Any]]:
             raise Refused(400, f"{chosen[0]} must be a non-empty string")
         selection[chosen[0]] = value
     return queue, selection
+
+
+def pause_request(request: Any) -> tuple[str, str, str | None]:
+    """`{"queue": q, "reason": why}`, and `by` (who pauses) if the sender says. Returns them;
+    a reason is required, as app.pause requires one."""
+    fields = _fields(request, {"queue", "reason", "by"}, '{"queue": "shops", "reason": "..."}')
+    reason = fields.get("reason")
+    if not isinstance(reason, str) or not reason.strip():
+        raise Refused(
+            400, 'say why you pause the queue: {"queue": "shops", "reason": "warehouse down"}'
+        )
+    by = fields.get("by")
+    if by is not None and (not isinstance(by, str) or not by.strip()):
+        raise Refused(400, "by must be a non-empty string: who pauses the queue")
+    return _queue(fields), reason.strip(), by
+
+
+def resume_request(request: Any) -> str:
+    """`{"queue": q}`: the queue to take from again."""
+    return _queue(_fields(request, {"queue"}, '{"queue": "shops"}'))
+
+
+def _fields(request: Any, known: set[str], example: str) -> dict[str, Any]:
+    if not isinstance(request, dict):
+        raise Refused(400, f"send a JSON object such as {example}")
+    unknown = sorted(set(request) - known)
+    if unknown:
+        raise Refused(400, f"unknown field(s) {', '.join(unknown)}; use {', '.join(sorted(known))}")
+    return request
+
+
+def _queue(request: dict[str, Any]) -> str:
+    queue = request.get("queue")
+    if not isinstance(queue, str) or not queue:
+        raise Refused(400, 'name the queue: {"queue": "shops", ...}')
+    return queue

@@ -176,10 +176,12 @@ def make_server(
     request_timeout: float = 10.0,
     connection_limit: int = 100,
     threads: int = 4,
+    metrics: bool = False,
 ) -> DashboardServer:
     """A bound server for the page of `app`; call `serve_forever()` on it (port 0 picks a free
     port: see `.port` and `.url`). A host other machines can reach needs `allow_remote=True`
-    and a `login_secret`."""
+    and a `login_secret`. `metrics=True` also serves the table's gauges at /metrics, for
+    Prometheus, without the login."""
     if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535:
         raise ConfigError(f"port={port!r} must be a whole number from 0 to 65535, e.g. --port 8080")
     if not isinstance(host, str):
@@ -195,9 +197,9 @@ def make_server(
     if not local and not allow_remote:
         raise ConfigError(
             f"the dashboard would listen on {host or 'every address'!r}, which other machines "
-            "can reach, and it can requeue jobs. Keep the default 127.0.0.1, or pass "
-            "--allow-remote (allow_remote=True) with a login secret, ideally behind a proxy "
-            "that terminates TLS"
+            "can reach, and it can requeue jobs and pause queues. Keep the default 127.0.0.1, "
+            "or pass --allow-remote (allow_remote=True) with a login secret, ideally behind a "
+            "proxy that terminates TLS"
         )
     secret = check_login_secret(login_secret)
     if not local and secret is None:
@@ -215,6 +217,7 @@ def make_server(
         events=events,
         interval=interval,
         statement_timeout=statement_timeout,
+        metrics=metrics,
         bound_host=host,
         local_only=not allow_remote,
     )

@@ -26,6 +26,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from synclane.errors import SchemaError
+from synclane.model import Rate
 from synclane.store import Store
 
 log = logging.getLogger("synclane.dashboard")
@@ -122,12 +123,14 @@ class Reader:
         schema: str,
         queues: Callable[[], list[str]],
         *,
+        rates: Callable[[], Mapping[str, Rate]] = dict,
         statement_timeout: float = 5.0,
         pool_size: int = 4,
     ) -> None:
         self.store = Store(schema)
         self.schema = self.store.schema
         self.queues = queues
+        self.rates = rates  # the declared lane_rate of each queue that has one
         self.mask = Mask(dsn)
         self._dsn = dsn
         self._statement_timeout_ms = max(1, round(statement_timeout * 1000))
@@ -201,7 +204,8 @@ class Reader:
     # -- the parts of the page -------------------------------------------------------------
 
     def summary(self) -> dict[str, Any]:
-        """Unfinished jobs per queue and status, and the table's size (an estimate)."""
+        """Unfinished jobs per queue and status, each queue's pause (since when, by whom, why;
+        None when it takes jobs), and the table's size (an estimate)."""
         size = self._rows("page_table_rows", {"schema": self.schema})
         if not size:
             raise Unavailable(self._no_schema())
@@ -209,11 +213,25 @@ class Reader:
         for row in self._rows("page_summary", {}):
             entry = by_queue.setdefault(row["queue"], {"queue": row["queue"], "statuses": {}})
             entry["statuses"][row["status"]] = {"jobs": row["jobs"], "owners": row["owners"]}
-        for name in self.queues():
+        pauses = {row["queue"]: row for row in self._rows("paused_queues", {"queue": None})}
+        for name in [*self.queues(), *pauses]:
             by_queue.setdefault(name, {"queue": name, "statuses": {}})
-        queues = [
-            {**entry, "queue": self.mask(entry["queue"])} for _, entry in sorted(by_queue.items())
-        ]
+        queues = []
+        for name, entry in sorted(by_queue.items()):
+            pause = pauses.get(name)
+            if pause is not None:
+                pause = {
+                    "paused_at": pause["paused_at"],
+                    "paused_by": pause["paused_by"],
+                    "reason": pause["pause_reason"],
+                }
+            queues.append(
+                {
+                    **entry,
+                    "queue": self.mask(name),
+                    "pause": None if pause is None else records([pause], self.mask)[0],
+                }
+            )
         return {"queues": queues, "table_rows_estimate": size[0]["rows"]}
 
     def accounts(self, search: str | None = None, page: int = 0) -> dict[str, Any]:
@@ -255,8 +273,18 @@ class Reader:
         }
 
     def lanes(self, search: str | None = None, page: int = 0) -> dict[str, Any]:
-        """The busiest lanes first; with `search`, the lanes whose name starts with it."""
-        params = {"search": search or None, "limit": PAGE_SIZE, "offset": page * PAGE_SIZE}
+        """The busiest lanes first; with `search`, the lanes whose name starts with it. Each
+        with until when a throttle pauses it, and for a queue with `lane_rate` its rate and the
+        page starts it has left now (`rate_count`, `rate_period`, `rate_left`)."""
+        rates = self.rates()
+        params = {
+            "search": search or None,
+            "limit": PAGE_SIZE,
+            "offset": page * PAGE_SIZE,
+            "rate_queues": list(rates),
+            "rate_counts": [rate.count for rate in rates.values()],
+            "rate_periods": [rate.per for rate in rates.values()],
+        }
         rows = self._rows("page_lanes", params)
         return {
             "rows": records((_without(row, "total") for row in rows), self.mask),
@@ -264,6 +292,17 @@ class Reader:
             "page": page,
             "page_size": PAGE_SIZE,
             "search": search,
+        }
+
+    def workers(self, page: int = 0) -> dict[str, Any]:
+        """The worker processes of the list (what app.workers() shows), running first."""
+        params = {"limit": PAGE_SIZE, "offset": page * PAGE_SIZE}
+        rows = self._rows("page_workers", params)
+        return {
+            "rows": records((_without(row, "total") for row in rows), self.mask),
+            "total": rows[0]["total"] if rows else 0,
+            "page": page,
+            "page_size": PAGE_SIZE,
         }
 
     def failures(self, search: str | None = None) -> dict[str, Any]:
@@ -317,8 +356,8 @@ class Reader:
 
     def state(self) -> dict[str, Any]:
         """The page's first view, the same for every viewer: the summary, the worst accounts,
-        the busiest lanes, the causes, the running and stopped jobs however old (paged), and the
-        newest jobs."""
+        the busiest lanes, the workers, the causes, the running and stopped jobs however old
+        (paged), and the newest jobs."""
         started = time.monotonic()
         # The parts are independent reads: each runs on a connection of its own, at once. The
         # first that fails fails the state at once; the others are not waited for.
@@ -328,6 +367,7 @@ class Reader:
                 "summary": reads.submit(self.summary),
                 "accounts": reads.submit(self.accounts),
                 "lanes": reads.submit(self.lanes),
+                "workers": reads.submit(self.workers),
                 "failures": reads.submit(self.failures),
                 "stopped": reads.submit(self.jobs, statuses=["running", *STOPPED_STATUSES]),
                 "recent": reads.submit(self.jobs),
@@ -352,6 +392,7 @@ class Reader:
             "summary": done["summary"],
             "accounts": done["accounts"],
             "lanes": done["lanes"],
+            "workers": done["workers"],
             "failures": done["failures"],
             "jobs": [by_id[key] for key in sorted(by_id, reverse=True)],
             "stopped_before": stopped["next_before"],

@@ -10,7 +10,7 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from http import HTTPStatus
 from importlib import resources
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
 
@@ -22,15 +22,28 @@ from synclane.dashboard.request import (
     Request,
     name_param,
     number_param,
+    pause_request,
     read_json,
     request_headers,
     requeue_request,
+    resume_request,
     search_text,
 )
-from synclane.dashboard.state import DATABASE_DOWN, JOB_STATUSES, Reader, Unavailable, Views
+from synclane.dashboard.state import (
+    DATABASE_DOWN,
+    JOB_STATUSES,
+    Reader,
+    Unavailable,
+    Views,
+    records,
+)
 from synclane.errors import SchemaError
 from synclane.events import EventLog
 from synclane.model import ConfigError
+from synclane.operations import default_author
+
+if TYPE_CHECKING:
+    from synclane.metrics import Metrics
 
 log = logging.getLogger("synclane.dashboard")
 
@@ -70,6 +83,7 @@ def json_answer(status: int, body: Any, headers: Iterable[tuple[str, str]] = ())
 
 
 Route = Callable[["Dashboard", Request], Answer]
+T = TypeVar("T")
 
 
 class Dashboard:
@@ -86,6 +100,7 @@ class Dashboard:
         interval: float = 2.0,
         statement_timeout: float = 5.0,
         pool_size: int = 4,
+        metrics: bool = False,
         bound_host: str | None = None,
         port: int | None = None,
         local_only: bool = False,
@@ -110,7 +125,7 @@ class Dashboard:
         self.hosts = guard.HostCheck(bound_host, public_hosts)
         secret = guard.check_login_secret(login_secret)
         self.login = None if secret is None else guard.Login(secret)
-        # A fresh random token per page server: only a page it rendered can requeue. With a
+        # A fresh random token per page server: only a page it rendered can act. With a
         # login it comes from the secret, so every process given the secret agrees on it.
         self.token = guard.random_token() if self.login is None else self.login.token()
         self.events = events
@@ -118,11 +133,29 @@ class Dashboard:
             app.dsn,
             app.schema,
             lambda: list(app.queues),
+            rates=lambda: {
+                q.name: q.settings.lane_rate for q in app.queues.values() if q.settings.lane_rate
+            },
             statement_timeout=statement_timeout,
             pool_size=int(pool_size),
         )
         self.views = Views(float(interval))
         self.interval = float(interval)
+        self.open_routes = OPEN_ROUTES
+        self.metrics: Metrics | None = None
+        if metrics:
+            # Only now: a page without /metrics never imports prometheus_client.
+            from synclane.metrics import Metrics
+
+            # The table's gauges, read at most once per interval however often it is scraped.
+            self.metrics = Metrics(
+                app.database,
+                list(app.queues),
+                refresh=self.interval,
+                statement_timeout=statement_timeout,
+            )
+            # A scraper cannot log in; the text holds names and counts, no secret.
+            self.open_routes = OPEN_ROUTES | {"/metrics"}
         self.pages = {
             name: _static(name)
             for name in ("index.html", "login.html", "app.js", "login.js", "style.css")
@@ -131,6 +164,8 @@ class Dashboard:
     def close(self) -> None:
         """Close the page's database connections."""
         self.reader.close()
+        if self.metrics is not None:
+            self.metrics.close()
 
     # -- WSGI --------------------------------------------------------------------------------
 
@@ -166,11 +201,11 @@ class Dashboard:
                 raise Refused(404, "no page here")
             allowed = "GET, HEAD" if request.path in GET_ROUTES else "POST"
             raise Refused(405, "method not allowed", [("Allow", allowed)])
-        if request.path.startswith("/api/"):
+        if request.path.startswith("/api/") or request.path == "/metrics":
             guard.refuse_cross_site(request_headers(request), self.origin_hosts(request))
         if (
             self.login is not None
-            and request.path not in OPEN_ROUTES
+            and request.path not in self.open_routes
             and not self.login.valid(request.cookie(guard.SESSION_COOKIE))
         ):
             if request.path == "/":
@@ -282,6 +317,10 @@ class Dashboard:
         search, page = search_text(request), number_param(request, "page", MAX_PAGE) or 0
         return self._view(("lanes", search, page), lambda: self.reader.lanes(search, page))
 
+    def api_workers(self, request: Request) -> Answer:
+        page = number_param(request, "page", MAX_PAGE) or 0
+        return self._view(("workers", page), lambda: self.reader.workers(page))
+
     def api_failures(self, request: Request) -> Answer:
         search = search_text(request)
         return self._view(("failures", search), lambda: self.reader.failures(search))
@@ -307,25 +346,56 @@ class Dashboard:
         key = ("jobs", tuple(sorted((k, str(v)) for k, v in filters.items())))
         return self._view(key, lambda: self.reader.jobs(**filters))
 
+    def prometheus(self, request: Request) -> Answer:
+        if self.metrics is None:
+            raise Refused(404, "no page here: serve the page with metrics=True for /metrics")
+        body, content_type = self.metrics.exposition()
+        return Answer(200, body, content_type)
+
     def api_events(self, request: Request) -> Answer:
         after = number_param(request, "after", 2**63 - 1) or 0
         return json_answer(200, events_after(self.events, after, self.reader.mask))
 
     # -- changes -----------------------------------------------------------------------------
 
+    def _change(self, what: str, operation: Callable[[], T]) -> T:
+        """An operation of the app on behalf of the page: its ConfigError is a 400 with the
+        app's own message, a database that does not answer a 503; the next look shows what
+        changed."""
+        try:
+            done = operation()
+        except ConfigError as error:
+            raise Refused(400, self.reader.mask(str(error))) from None
+        except psycopg.errors.InsufficientPrivilege:
+            raise Refused(
+                403,
+                f"the page's database role may not {what}: give it the synclane_worker grants "
+                "(docs/operations.md, Roles and grants)",
+            ) from None
+        except (DatabaseUnavailable, SchemaError, psycopg.Error, OSError) as error:
+            log.warning("dashboard: %s failed: %s", what, type(error).__name__)
+            raise Refused(503, DATABASE_DOWN) from None
+        self.views.forget()
+        return done
+
     def api_requeue(self, request: Request) -> Answer:
         self.refuse_forged_change(request)
         queue, selection = requeue_request(read_json(request))
-        try:
-            count = self.app.requeue(queue, **selection)
-        except ConfigError as error:
-            raise Refused(400, self.reader.mask(str(error))) from None
-        except (DatabaseUnavailable, SchemaError, psycopg.Error, OSError) as error:
-            log.warning("dashboard: requeue failed: %s", type(error).__name__)
-            raise Refused(503, DATABASE_DOWN) from None
+        count = self._change("requeue", lambda: self.app.requeue(queue, **selection))
         log.info("dashboard: requeued %d job(s) in %s (%s)", count, queue, selection)
-        self.views.forget()  # the next look shows what changed
         return json_answer(200, {"requeued": count})
+
+    def api_pause(self, request: Request) -> Answer:
+        self.refuse_forged_change(request)
+        queue, reason, by = pause_request(read_json(request))
+        who = by or f"{default_author()} via the dashboard"
+        pause = self._change("pause", lambda: self.app.pause(queue, reason, by=who))
+        return json_answer(200, {"paused": records([pause], self.reader.mask)[0]})
+
+    def api_resume(self, request: Request) -> Answer:
+        self.refuse_forged_change(request)
+        queue = resume_request(read_json(request))
+        return json_answer(200, {"resumed": self._change("resume", lambda: self.app.resume(queue))})
 
     def api_login(self, request: Request) -> Answer:
         if self.login is None:
@@ -362,12 +432,16 @@ GET_ROUTES: dict[str, Route] = {
     "/api/state": Dashboard.api_state,
     "/api/accounts": Dashboard.api_accounts,
     "/api/lanes": Dashboard.api_lanes,
+    "/api/workers": Dashboard.api_workers,
     "/api/failures": Dashboard.api_failures,
     "/api/jobs": Dashboard.api_jobs,
     "/api/events": Dashboard.api_events,
+    "/metrics": Dashboard.prometheus,
 }
 POST_ROUTES: dict[str, Route] = {
     "/api/requeue": Dashboard.api_requeue,
+    "/api/pause": Dashboard.api_pause,
+    "/api/resume": Dashboard.api_resume,
     "/api/login": Dashboard.api_login,
     "/api/logout": Dashboard.api_logout,
 }
@@ -385,11 +459,13 @@ def wsgi_app(
     interval: float = 2.0,
     statement_timeout: float = 5.0,
     pool_size: int = 4,
+    metrics: bool = False,
 ) -> Dashboard:
     """The page of `app` as a WSGI callable, to mount inside a web app you already run (under
     any path prefix). The Host check is on: the names your site is reached by go in
     `public_hosts`. Authentication is yours (wrap it with your own, see docs/dashboard.md), or
-    pass `login_secret`. `events` feeds the events panel. Call `.close()` when done."""
+    pass `login_secret`. `events` feeds the events panel; `metrics=True` serves the table's
+    gauges as Prometheus text at /metrics, without the login. Call `.close()` when done."""
     return Dashboard(
         app,
         public_hosts=public_hosts,
@@ -399,4 +475,5 @@ def wsgi_app(
         interval=interval,
         statement_timeout=statement_timeout,
         pool_size=pool_size,
+        metrics=metrics,
     )

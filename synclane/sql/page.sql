@@ -161,7 +161,11 @@ GROUP BY a.queue, a.owner, a.type;
 -- the busiest lanes first: those running a job, then those with most jobs waiting; at most
 -- `limit` from `offset`, `total` how many lanes have unfinished jobs. Counts the waiting jobs of
 -- every lane in the index of open lanes and takes the running ones from the running-lane index;
--- only the lanes shown are then read in full (what is due, until when a throttle pauses them)
+-- only the lanes shown are then read in full: what is due, until when a throttle pauses them
+-- (the lane's own pause, which outlives a requeue of its jobs, or its jobs' throttle, as lanes()
+-- reads it), and for a queue with a declared rate (`rate_queues`, `rate_counts`,
+-- `rate_periods`) the lane's rate as lane_page_start resolves it (the lane's own, the queue's,
+-- the declared one) and the page starts its current window still allows
 WITH waiting AS (
     SELECT queue, lane, count(*) AS waiting
     FROM {schema}.jobs
@@ -182,13 +186,26 @@ shown AS (
     FULL JOIN running r ON r.queue = w.queue AND r.lane = w.lane
     ORDER BY r.id IS NOT NULL DESC, coalesce(w.waiting, 0) DESC, 1, 2
     LIMIT %(limit)s OFFSET %(offset)s
+),
+declared AS (
+    SELECT * FROM unnest(%(rate_queues)s::text[], %(rate_counts)s::integer[],
+                         %(rate_periods)s::interval[]) AS d (queue, count, period)
 )
 SELECT s.queue, s.lane,
        r.id AS job_id, r.owner, r.type, r.mode, r.window_start, r.window_end, r.cursor,
        r.processed_count, r.attempt_count, r.leased_by, r.started_at AS since,
-       r.lease_expires_at, s.waiting, d.due, d.next_due, d.paused_until, s.total
+       r.lease_expires_at, s.waiting, d.due, d.next_due,
+       CASE WHEN l.paused_until > now() THEN greatest(l.paused_until, d.paused_until)
+            ELSE d.paused_until END AS paused_until,
+       q.rate_count, q.rate_period,
+       CASE WHEN q.rate_count IS NOT NULL  -- greatest() would turn no rate into 0 left
+            THEN greatest(q.rate_count - cardinality(ARRAY(SELECT t FROM unnest(l.starts) t
+                                                           WHERE t > now() - q.rate_period)),
+                          0) END AS rate_left,
+       s.total
 FROM shown s
 LEFT JOIN {schema}.jobs r ON r.id = s.running_id
+LEFT JOIN {schema}.lanes l ON l.queue = s.queue AND l.lane = s.lane
 CROSS JOIN LATERAL (
     SELECT count(*) FILTER (WHERE o.status IN ('pending', 'failed') AND o.next_run_at <= now())
                AS due,
@@ -199,6 +216,13 @@ CROSS JOIN LATERAL (
     FROM {schema}.jobs o
     WHERE o.queue = s.queue AND o.lane = s.lane AND o.status IN ('pending', 'failed', 'deferred')
 ) d
+LEFT JOIN LATERAL (
+    SELECT coalesce(l.rate_count, qr.rate_count, dr.count) AS rate_count,
+           coalesce(l.rate_period, qr.rate_period, dr.period) AS rate_period
+    FROM declared dr
+    LEFT JOIN {schema}.queue_rates qr ON qr.queue = dr.queue
+    WHERE dr.queue = s.queue
+) q ON true
 ORDER BY s.running_id IS NOT NULL DESC, s.waiting DESC, s.queue, s.lane;
 
 -- name: page_failures
@@ -268,3 +292,20 @@ WHERE (%(before)s::bigint IS NULL OR id < %(before)s)
            AND left(md5({schema}.error_cause(error)), 8) = %(cause_id)s))
 ORDER BY CASE WHEN %(narrow)s THEN id + 0 END DESC, id DESC
 LIMIT %(limit)s;
+
+-- name: page_workers
+-- the worker processes of the list, running first, then stopping, then lost, by name; at most
+-- `limit` from `offset`, `total` how many. A worker is lost as the `workers` statement
+-- (workers.sql) decides it: it stopped beating, or its session to PostgreSQL is gone
+SELECT name, host, pid, version, queues, slots, busy, started_at, last_seen_at, state,
+       count(*) OVER () AS total
+FROM (
+    SELECT w.*,
+           CASE WHEN w.expires_at < now() OR a.pid IS NULL THEN 'lost'
+                WHEN w.stopping THEN 'stopping'
+                ELSE 'running' END AS state
+    FROM {schema}.workers w
+    LEFT JOIN pg_stat_activity a ON a.pid = w.session_pid
+) listed
+ORDER BY array_position(ARRAY['running', 'stopping', 'lost'], state), name
+LIMIT %(limit)s OFFSET %(offset)s;

@@ -5,9 +5,11 @@
   const SHORT = 90;
   const token = document.querySelector('meta[name="synclane-token"]').getAttribute("content");
   const expanded = new Set();
+  const reasons = new Map(); // what was typed into each queue's pause box, kept across renders
   const views = {
     accounts: { search: "", page: 0 },
     lanes: { search: "", page: 0 },
+    workers: { page: 0 },
     failures: { search: "" },
     jobs: { view: "", queue: "", owner: "", lane: "", cause_id: "", before: null },
   };
@@ -74,6 +76,17 @@
     return iso.slice(11, 19) === "00:00:00" ? iso.slice(0, 10) : iso.slice(0, 16).replace("T", " ");
   }
   const windowText = (start, end) => (start || end ? day(start) + " → " + day(end) : dash);
+
+  // A period in seconds as its largest whole unit: 1s, 90s, 1m, 1h, 1d.
+  function period(seconds) {
+    for (const [unit, size] of [["d", 86400], ["h", 3600], ["m", 60]]) {
+      if (seconds >= size && seconds % size === 0) return seconds / size + unit;
+    }
+    return seconds + "s";
+  }
+  const rateText = (l) =>
+    l.rate_count === null ? dash : l.rate_count + " / " + period(l.rate_period) + ", " +
+      l.rate_left + " left";
 
   // Long text: the start in the table, everything on hover and when expanded.
   function longText(key, text) {
@@ -163,7 +176,7 @@
       h(
         "tr",
         { data: { queue: q.queue } },
-        cell(q.queue),
+        cell(q.pause ? h("span", null, q.queue + " ", badge("paused")) : q.queue),
         ...statuses.map((status) => {
           const found = q.statuses[status];
           if (!found) return cell("0", "num");
@@ -175,6 +188,73 @@
     document.getElementById("table-size").textContent =
       "The table holds about " + state.summary.table_rows_estimate.toLocaleString("en") +
       " rows in all (PostgreSQL's estimate).";
+  }
+
+  // A paused queue: since when, by whom, why, and Resume; one that takes jobs: a box for the
+  // reason (required) and Pause.
+  function renderQueues() {
+    const items = state.summary.queues.map((q) => ({
+      queue: q.queue,
+      pause: q.pause,
+      declared: declared(q.queue),
+    }));
+    sync("queues", items, (q) => q.queue, (q) => {
+      const p = q.pause;
+      return h(
+        "tr",
+        { data: { queue: q.queue, state: p ? "paused" : "taking" } },
+        cell(q.queue),
+        h("td", { class: "state" }, p ? badge("paused") : h("span", { class: "idle" }, "taking jobs")),
+        cell(p ? when(p.paused_at) : ""),
+        cell(p ? p.paused_by : "", "by"),
+        cell(p ? longText("pause\u0000" + q.queue, p.reason) : "", "text why"),
+        cell(q.declared ? (p ? resumeButton(q.queue) : pauseBox(q.queue)) : ""),
+      );
+    });
+  }
+
+  function resumeButton(queue) {
+    const button = h("button", { type: "button", class: "control resume" }, "Resume");
+    button.disabled = !online;
+    button.addEventListener("click", () =>
+      act(button, "resume", async () =>
+        (await post("api/resume", { queue })).resumed
+          ? "queue " + queue + " resumed"
+          : "queue " + queue + " was not paused",
+      ),
+    );
+    return button;
+  }
+
+  function pauseBox(queue) {
+    const input = h("input", {
+      type: "text",
+      class: "reason",
+      placeholder: "why? (required)",
+      maxLength: 2000,
+      autocomplete: "off",
+      required: true,
+      value: reasons.get(queue) || "",
+    });
+    input.setAttribute("aria-label", "why pause " + queue);
+    const button = h("button", { type: "button", class: "control pause" }, "Pause");
+    button.ready = () => input.value.trim() !== ""; // a reason is required
+    button.disabled = !online || !button.ready();
+    input.addEventListener("input", () => {
+      reasons.set(queue, input.value);
+      button.disabled = !online || !button.ready();
+    });
+    input.addEventListener("keydown", (event) => {
+      if (event.key === "Enter" && !button.disabled) button.click();
+    });
+    button.addEventListener("click", () =>
+      act(button, "pause", async () => {
+        const paused = (await post("api/pause", { queue, reason: input.value.trim() })).paused;
+        reasons.delete(queue);
+        return "queue " + queue + " paused by " + paused.paused_by;
+      }),
+    );
+    return h("span", null, input, " ", button);
   }
 
   function accountWhy(a) {
@@ -247,6 +327,28 @@
         cell(when(l.lease_expires_at)),
         cell(l.waiting, "num"),
         cell(l.paused_until ? h("span", null, "paused until ", when(l.paused_until)) : when(l.next_due, true)),
+        cell(rateText(l), "rate"),
+      ),
+    );
+  }
+
+  function renderWorkers() {
+    const part = shown.workers;
+    pager("workers", part, views.workers);
+    sync("workers", part.rows, (w) => w.name, (w) =>
+      h(
+        "tr",
+        { data: { worker: w.name, state: w.state } },
+        cell(w.name),
+        h("td", { class: "state" }, badge(w.state)),
+        cell(w.host),
+        cell(w.pid, "num"),
+        cell(w.version),
+        cell(w.queues.join(", ")),
+        cell(w.busy, "num busy"),
+        cell(w.slots, "num"),
+        cell(when(w.started_at)),
+        cell(when(w.last_seen_at)),
       ),
     );
   }
@@ -380,8 +482,10 @@
       "schema " + state.schema + " · queues: " + queues + " · updated " + utc(state.now);
     document.getElementById("logout").hidden = !state.login;
     renderSummary();
+    renderQueues();
     renderAccounts();
     renderLanes();
+    renderWorkers();
     renderFailures();
     renderJobs();
     for (const span of document.querySelectorAll("span.when")) {
@@ -404,6 +508,8 @@
       banner.textContent = message + "." + since + " The buttons are off; the page keeps trying.";
     }
     for (const button of document.querySelectorAll("button.requeue")) button.disabled = !ok;
+    for (const button of document.querySelectorAll("button.control"))
+      button.disabled = !ok || (button.ready !== undefined && !button.ready());
     if (ok && state) renderFailures();
   }
 
@@ -465,6 +571,9 @@
           l.search || l.page
             ? await get("api/lanes?" + query({ search: l.search, page: l.page }))
             : state.lanes,
+        workers: views.workers.page
+          ? await get("api/workers?" + query({ page: views.workers.page }))
+          : state.workers,
         failures: f.search ? await get("api/failures?" + query({ search: f.search })) : state.failures,
         jobs: await jobsPart(),
       };
@@ -496,21 +605,28 @@
     return answer;
   }
 
-  async function requeue(bodies, button) {
+  // One change at a time: `work` posts it and says what happened; then the page looks again.
+  async function act(button, what, work) {
     if (busy || !online) return;
     busy = true;
     button.disabled = true;
     try {
-      let count = 0;
-      for (const body of bodies) count += (await post("api/requeue", body)).requeued;
-      notice("requeued " + count + " job(s)");
+      notice(await work());
     } catch (error) {
-      notice("requeue failed: " + error.message, true);
+      notice(what + " failed: " + error.message, true);
     } finally {
       busy = false;
-      button.disabled = !online;
+      button.disabled = !online || (button.ready !== undefined && !button.ready());
       await refresh();
     }
+  }
+
+  function requeue(bodies, button) {
+    return act(button, "requeue", async () => {
+      let count = 0;
+      for (const body of bodies) count += (await post("api/requeue", body)).requeued;
+      return "requeued " + count + " job(s)";
+    });
   }
 
   function searchBox(id, view) {
