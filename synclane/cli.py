@@ -306,6 +306,11 @@ def parser() -> argparse.ArgumentParser:
     page.add_argument("--allow-remote", action="store_true", help=REMOTE_HELP)
     page.add_argument("--trust-proxy", action="store_true", help=PROXY_HELP)
     page.add_argument("--public-host", action="append", metavar="NAME", help=PUBLIC_HOST_HELP)
+    page.add_argument(
+        "--metrics",
+        action="store_true",
+        help="also serve Prometheus metrics of the table at /metrics (no login: names and counts)",
+    )
 
     serve = command(
         "serve",

@@ -120,6 +120,7 @@ def cmd_dashboard(args: argparse.Namespace, term: Terminal) -> int:
         allow_remote=args.allow_remote,
         trust_proxy=args.trust_proxy,
         on_ready=lambda url: print(f"synclane dashboard on {url} (Ctrl-C stops it)", flush=True),
+        metrics=args.metrics,
         **_page_options(args),
     )
     return 0

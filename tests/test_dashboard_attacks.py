@@ -383,3 +383,20 @@ def test_a_page_process_stops_cleanly_on_ctrl_c(page: PageProcess) -> None:
     assert call(page, "GET", "/api/state").status == 200
     assert page.stop() == 0
     assert "Traceback" not in page.stderr
+
+
+def test_synclane_dashboard_serves_metrics_only_with_its_flag(
+    dsn: str, schema: str, shop: dict[str, int]
+) -> None:
+    with page_process(dsn, schema) as plain:
+        status, _ = head_of(raw(plain.port, get_request("/metrics", plain.port)))
+        assert status == 404
+    with page_process(dsn, schema, "--metrics") as scraped:
+        answer = raw(scraped.port, get_request("/metrics", scraped.port))
+        status, headers = head_of(answer)
+        assert status == 200 and headers["content-type"].startswith("text/plain")
+        assert b'synclane_open_jobs{queue="shops",status="pending"}' in answer
+
+
+def get_request(path: str, port: int) -> bytes:
+    return f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n".encode()
