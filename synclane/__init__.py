@@ -5,7 +5,7 @@ its error. `import synclane` imports neither pandas nor Prefect.
 """
 
 from synclane.app import SyncLane
-from synclane.errors import DatabaseUnavailable, OwnerSourceError, SchemaError
+from synclane.errors import DatabaseUnavailable, OwnerSourceError, SchemaError, SlotDied
 from synclane.model import Abandon, ConfigError, Job, Owner, Page, Rate, Throttled
 from synclane.queues import Queue
 
@@ -20,6 +20,7 @@ __all__ = [
     "Queue",
     "Rate",
     "SchemaError",
+    "SlotDied",
     "SyncLane",
     "Throttled",
 ]

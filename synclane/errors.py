@@ -38,6 +38,12 @@ class HandlerEscaped(Exception):
         super().__init__(type(original).__name__)
 
 
+class SlotDied(RuntimeError):
+    """A slot of a worker ended before the worker stopped (a bug of synclane's that escaped
+    it): the worker stops, handing its jobs back, and `run_worker` raises this instead of
+    returning as if its work were done."""
+
+
 def message_of(error: BaseException) -> str:
     """str(error), or a stand-in when str() itself fails."""
     try:

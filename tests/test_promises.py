@@ -19,8 +19,9 @@ from apps import BASE, done, products_queue, window
 from netfault import answer_dropper
 from workers import job_row
 
-from synclane import ConfigError, Job, Owner, Page, SyncLane, Throttled
+from synclane import ConfigError, Job, Owner, Page, SlotDied, SyncLane, Throttled
 from synclane.testing import make_app, running_worker, wait_for
+from synclane.worker.slot import Slot
 
 DAY = timedelta(days=1)
 WEST = timezone(timedelta(hours=-5))
@@ -129,6 +130,103 @@ def test_a_cancelled_error_from_a_handler_fails_its_job_and_the_slot_carries_on(
     assert row["status"] == "failed" and row["error"].startswith("CancelledError")
     assert row["attempt_count"] == 1, "a failure uses its attempt"
     assert all(job_row(db, schema, j)["status"] == "completed" for j in good), report
+
+
+async def _forgets_uncancel(awaitable: Awaitable[Any], seconds: float) -> Any:
+    """A timeout helper as people write them before asyncio.timeout: it cancels its own task
+    on a timer and turns the CancelledError into a TimeoutError, but forgets task.uncancel()."""
+    task = asyncio.current_task()
+    assert task is not None
+    timer = asyncio.get_running_loop().call_later(seconds, task.cancel)
+    try:
+        return await awaitable
+    except asyncio.CancelledError:
+        raise TimeoutError from None
+    finally:
+        timer.cancel()
+
+
+SELF_CANCELS = ["cancels its own task", "cancels itself and returns", "a watchdog", "forgetful"]
+
+
+@pytest.mark.parametrize("how", SELF_CANCELS)
+def test_a_handler_that_cancels_its_own_task_fails_its_job_and_the_slot_carries_on(
+    app: SyncLane, db: psycopg.Connection[Any], schema: str, how: str
+) -> None:
+    """The task is the page's own, so task.cancelling() is set: only the worker knows whether
+    it asked for the cancellation, and it did not."""
+    queue = app.queue("q", retry_base_delay=3600, retry_max_delay=3600)
+
+    @queue.windowed("orders", horizon=30 * DAY, slice=DAY, every=timedelta(hours=1))
+    async def orders(job: Job) -> Page:
+        if job.owner == "bad":
+            task = asyncio.current_task()
+            assert task is not None
+            if how == "cancels its own task":
+                task.cancel()
+                await asyncio.sleep(1)
+            elif how == "cancels itself and returns":
+                task.cancel()
+                return Page(None, 1)
+            elif how == "a watchdog":
+                asyncio.get_running_loop().call_later(0.05, task.cancel)
+                await asyncio.sleep(5)
+            else:
+                try:
+                    await _forgets_uncancel(asyncio.sleep(5), 0.05)
+                except TimeoutError:
+                    raise asyncio.CancelledError("the shop's client gave up") from None
+        return Page(None, 1)
+
+    bad = app.enqueue("q", "bad", "orders", **window(1))
+    good = [app.enqueue("q", f"good-{n}", "orders", **window(n + 2)) for n in range(3)]
+    report = app.run_worker(until_idle=True, stop_after=20)
+    row = job_row(db, schema, bad)
+    assert (row["status"], row["attempt_count"]) == ("failed", 1), report
+    assert row["error"].startswith("CancelledError"), row["error"]
+    assert all(job_row(db, schema, j)["status"] == "completed" for j in good), report
+    assert report == {"failed": 1, "completed": 3}
+
+
+class Broken(BaseException):
+    """A bug of synclane's own that escapes a slot (simulated below): not an Exception."""
+
+
+def test_a_slot_that_dies_is_logged_and_fails_the_worker(
+    app: SyncLane,
+    db: psycopg.Connection[Any],
+    schema: str,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A slot never dies silently: a cancellation of a slot nobody asked for restarts it with a
+    logged error; anything worse ends the worker with the error instead of a normal return."""
+    products_queue(app, "q")
+    first = app.enqueue("q", "acme", "products")
+    take = Slot._loop
+    calls: list[int] = []
+
+    async def once_cancelled(self: Slot) -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            raise asyncio.CancelledError  # not the worker's
+        await take(self)
+
+    monkeypatch.setattr(Slot, "_loop", once_cancelled)
+    with caplog.at_level(logging.ERROR, logger="synclane"):
+        report = app.run_worker(until_idle=True, stop_after=15)
+    assert report == {"completed": 1}
+    assert job_row(db, schema, first)["status"] == "completed"
+    assert "slot q/0 crashed" in caplog.text
+
+    async def broken(self: Slot) -> None:
+        raise Broken("a bug of ours")
+
+    monkeypatch.setattr(Slot, "_loop", broken)
+    caplog.clear()
+    with caplog.at_level(logging.ERROR, logger="synclane"), pytest.raises(SlotDied, match="q/0"):
+        app.run_worker(until_idle=True, stop_after=15)
+    assert "slot q/0 died" in caplog.text and "Broken: a bug of ours" in caplog.text
 
 
 # -- a lane's pause ------------------------------------------------------------------------

@@ -28,7 +28,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from synclane.bridge import in_thread
 from synclane.connection import Database
-from synclane.errors import OwnerSourceError, error_text
+from synclane.errors import OwnerSourceError, SlotDied, error_text
 from synclane.events import Event, Kind, Listener, listeners
 from synclane.model import ConfigError, to_duration
 from synclane.queues import Queue
@@ -236,12 +236,15 @@ class Worker:
             helpers.append(asyncio.create_task(self._stop_later(self.stop_after)))
         if self.until_idle:
             helpers.append(asyncio.create_task(self._stop_when_idle(planned)))
+        died: list[tuple[str, BaseException]] = []
         try:
-            slot_tasks = [
-                asyncio.create_task(Slot(crew, queue, number, self._waker(queue.name)).run())
-                for queue in self.queues
-                for number in range(queue.settings.concurrency)
-            ]
+            slot_tasks = []
+            for queue in self.queues:
+                for number in range(queue.settings.concurrency):
+                    slot = Slot(crew, queue, number, self._waker(queue.name))
+                    task = asyncio.create_task(slot.run())
+                    task.add_done_callback(self._slot_ended(f"{queue.name}/{number}", died))
+                    slot_tasks.append(task)
             try:
                 await asyncio.wait(slot_tasks)
             except asyncio.CancelledError:
@@ -265,7 +268,44 @@ class Worker:
             await presence.leave(pool)
             await pool.close()
             log.info("worker %s stopped: %s", self.name, dict(self.report))
+        if died:
+            where, error = died[0]
+            raise SlotDied(
+                f"worker {self.name}: slot {where} died ({error_text(error)}), so the worker "
+                "stopped and handed its jobs back; this is a bug of synclane's, please report it"
+            ) from error
         return dict(self.report)
+
+    def _slot_ended(
+        self, slot: str, died: list[tuple[str, BaseException]]
+    ) -> Callable[[asyncio.Task[None]], None]:
+        """A slot's task ended. Before the worker stops, that is a slot that died (Slot.run
+        restarts after every Exception, so this is something worse): never silent, it is
+        logged and the whole worker stops, and run_async raises SlotDied."""
+
+        main = asyncio.current_task()
+
+        def ended(task: asyncio.Task[None]) -> None:
+            if task.cancelled():
+                if self.stopping or (main is not None and main.cancelling()):
+                    return  # the loop torn down from outside (asyncio.run): not a death
+                error: BaseException = asyncio.CancelledError("the slot's task was cancelled")
+            else:
+                found = task.exception()
+                if found is None and self.stopping:
+                    return
+                error = found or RuntimeError("the slot returned before the worker stopped")
+            log.error(
+                "worker %s: slot %s died: %s; stopping the worker",
+                self.name,
+                slot,
+                error_text(error),
+                exc_info=error,
+            )
+            died.append((slot, error))
+            self.stop()
+
+        return ended
 
     def _install_signal_handlers(self, loop: asyncio.AbstractEventLoop) -> list[signal.Signals]:
         if threading.current_thread() is not threading.main_thread():

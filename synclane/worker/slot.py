@@ -165,11 +165,18 @@ class Slot:
         self.settings = queue.settings
 
     async def run(self) -> None:
-        """Take and run jobs until the worker stops; a bug of ours costs a pause, not the slot."""
+        """Take and run jobs until the worker stops; a bug of ours costs a pause, not the slot,
+        and so does a cancellation of nobody's asking. Only a cancellation of the slot's own
+        task (the loop torn down) ends it early."""
         while not self.crew.stopping:
             try:
                 await self._loop()
-            except Exception:
+            except (Exception, asyncio.CancelledError) as error:
+                task = asyncio.current_task()
+                if isinstance(error, asyncio.CancelledError) and (
+                    task is None or task.cancelling()
+                ):
+                    raise
                 log.exception("slot %s/%d crashed; restarting it", self.queue.name, self.number)
                 await self.crew.pause(self.crew.poll_interval)
 
@@ -278,7 +285,9 @@ class Slot:
         except asyncio.CancelledError:
             # Cancelled from outside (asyncio.run tearing down after a BaseException such as
             # Prefect's TerminationSignal, or a task group): the same hand-back as a stop,
-            # shielded so that the cancellation cannot interrupt it.
+            # shielded so that the cancellation cannot interrupt it. (A handler's own
+            # cancellation never gets here: PageRun makes it a failure. One of nobody's asking
+            # that does is logged by Slot.run, which restarts the slot.)
             with contextlib.suppress(psycopg.Error):
                 await asyncio.shield(self.hand_back(lease, job.cursor, run, progressed))
             raise
@@ -332,9 +341,9 @@ class Slot:
                         "heartbeat refused: the job was taken over or cancelled"
                     ) from None
         except BaseException:
-            page.cancel()
+            run.stop()
             raise
-        return page_of(job.type, page.result())
+        return page_of(job.type, run.result())
 
     # -- finishing -------------------------------------------------------------------------
 
