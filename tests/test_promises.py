@@ -17,11 +17,13 @@ import psycopg
 import pytest
 from apps import BASE, done, products_queue, window
 from netfault import answer_dropper
-from workers import job_row
+from psycopg import sql
+from workers import arrange, database_now, job_row
 
 from synclane import ConfigError, Job, Owner, Page, SlotDied, SyncLane, Throttled
 from synclane.testing import make_app, running_worker, wait_for
 from synclane.worker.slot import Slot
+from synclane.worker.taker import take_front
 
 DAY = timedelta(days=1)
 WEST = timezone(timedelta(hours=-5))
@@ -285,6 +287,89 @@ def test_a_requeued_job_of_a_paused_lane_waits_for_the_pause(
     assert app.requeue("q", ids=[broken]) == 1
     assert app.run_worker(until_idle=True, stop_after=10) == {}
     assert len(calls) == before and job_row(db, schema, broken)["status"] == "pending"
+
+
+def test_a_job_that_fails_in_a_paused_lane_waits_for_the_pause(
+    app: SyncLane, db: psycopg.Connection[Any], schema: str
+) -> None:
+    """A lane two wide: one job is throttled while the other runs; the other then fails with a
+    short retry delay. Its retry waits for the lane's pause, like every job of the lane."""
+    queue = app.queue("q", concurrency=2, lane_width=2, retry_base_delay=0.2, retry_max_delay=0.2)
+    throttled = threading.Event()
+    calls: list[str] = []
+
+    @queue.snapshot("products", every=DAY)
+    def products(job: Job) -> Page:
+        calls.append(job.owner)
+        if job.owner == "first":
+            time.sleep(0.3)  # the other job of the lane has started
+            raise Throttled(retry_after=30)
+        throttled.wait(10)
+        raise RuntimeError("the shop answered 500")
+
+    first = app.enqueue("q", "first", "products", lane="acme")
+    second = app.enqueue("q", "second", "products", lane="acme")
+    with running_worker(app) as worker:
+        wait_for(lambda: job_row(db, schema, first)["throttle_count"] == 1, 10, "the 429")
+        throttled.set()
+        wait_for(lambda: worker.report["failed"] == 1, 10, "the failure")
+        time.sleep(1.0)
+    assert calls.count("second") == 1, calls
+    (paused_until,) = db.execute(
+        sql.SQL("SELECT paused_until FROM {} WHERE lane = 'acme'").format(
+            sql.Identifier(schema, "lanes")
+        )
+    ).fetchone() or (None,)
+    assert job_row(db, schema, second)["next_run_at"] >= paused_until
+
+
+BACK_IN_LINE = ["hand_back", "fail_job", "wait_for_rate", "throttle_job", "reclaim_expired"]
+
+
+@pytest.mark.parametrize("statement", BACK_IN_LINE)
+def test_every_statement_that_puts_a_job_back_in_line_respects_its_lanes_pause(
+    app: SyncLane, dsn: str, db: psycopg.Connection[Any], schema: str, statement: str
+) -> None:
+    """Whatever sends a running job back (a stop, a failure, the lane's rate, a shorter
+    throttle, an expired lease), a job of a paused lane is due when the pause ends, not before."""
+    products_queue(app, "q", lane_width=2)
+    job_id = app.enqueue("q", "acme", "products", lane="acme")
+
+    async def take() -> Any:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            batch = await take_front(conn, app.store, "q", "w", timedelta(minutes=5), lane_width=2)
+        return batch.jobs[0]
+
+    taken = asyncio.run(take())
+    assert taken.id == job_id
+    # What a throttle of another job of the lane leaves behind: the lane paused for an hour.
+    lanes = sql.Identifier(schema, "lanes")
+    (paused_until,) = db.execute(
+        sql.SQL(
+            "UPDATE {} SET paused_until = now() + interval '1 hour' "
+            "WHERE queue = 'q' AND lane = 'acme' RETURNING paused_until"
+        ).format(lanes)
+    ).fetchone() or (None,)
+    assert paused_until is not None
+    guard = {"id": job_id, "token": taken.lease_token, "lease": timedelta(minutes=5)}
+    params: dict[str, Any] = {
+        "hand_back": {**guard, "previous_status": "pending", "stalled": False},
+        "fail_job": {**guard, "error": "E", "delay": timedelta(seconds=1), "max_attempts": 5},
+        "wait_for_rate": {**guard, "previous_status": "pending", "delay": timedelta(seconds=1)},
+        "throttle_job": {
+            **guard,
+            "error": "Throttled",
+            "delay": timedelta(seconds=1),
+            "previous_status": "pending",
+        },
+        "reclaim_expired": {"queue": "q", "max_attempts": 5},
+    }[statement]
+    if statement == "reclaim_expired":
+        arrange(db, schema, job_id, lease_expires_at=database_now(db) - timedelta(seconds=1))
+    assert db.execute(app.store.query(statement), params).fetchall()
+    row = job_row(db, schema, job_id)
+    assert row["status"] != "running"
+    assert row["next_run_at"] >= paused_until, f"{statement} made the job due during the pause"
 
 
 # -- lost answers --------------------------------------------------------------------------

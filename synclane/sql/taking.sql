@@ -297,14 +297,18 @@ SELECT EXISTS (SELECT FROM done WHERE {schema}.unpark_lane(queue, lane, NULL, id
 ) AS done;
 
 -- name: fail_job
--- a failed attempt: retried after the delay, deferred once the regular attempts are used up,
--- abandoned when the deferred attempt fails too (after_failed_attempt); sent again after a lost
--- answer, it finds its own error on the stopped job and reports what it became
+-- a failed attempt: retried after the delay (not before its lane's pause ends), deferred once the
+-- regular attempts are used up, abandoned when the deferred attempt fails too
+-- (after_failed_attempt); sent again after a lost answer, it finds its own error on the stopped
+-- job and reports what it became
 WITH failed AS (
-    UPDATE {schema}.jobs
+    UPDATE {schema}.jobs j
     SET status = {schema}.after_failed_attempt(attempt_count, %(max_attempts)s),
         completed_at = CASE WHEN attempt_count > %(max_attempts)s THEN now() END,
-        error = %(error)s, next_run_at = now() + %(delay)s, heartbeat_at = now(), stalls = 0,
+        error = %(error)s, heartbeat_at = now(), stalls = 0,
+        next_run_at = greatest(now() + %(delay)s,
+                               (SELECT l.paused_until FROM {schema}.lanes l
+                                WHERE l.queue = j.queue AND l.lane = j.lane)),
         leased_by = NULL, lease_token = NULL, lease_expires_at = NULL
     WHERE id = %(id)s AND lease_token = %(token)s AND status = 'running'
     RETURNING id, queue, lane, status, next_run_at
@@ -320,12 +324,16 @@ WHERE id = %(id)s AND status IN ('failed', 'deferred', 'abandoned') AND error = 
 -- name: throttle_job
 -- a throttle gives the attempt back and pauses the lane: every open job of the lane is pushed to
 -- the same time, and the lane itself remembers the pause, so a job that joins it meanwhile (planned,
--- enqueued, requeued) waits too. The account was told to slow down, not the job
+-- enqueued, requeued) waits too. The account was told to slow down, not the job; a pause the lane
+-- already has that ends later stands
 WITH throttled AS (
-    UPDATE {schema}.jobs
+    UPDATE {schema}.jobs j
     SET status = CASE WHEN %(previous_status)s = 'deferred' THEN 'deferred' ELSE 'failed' END,
         attempt_count = attempt_count - 1, throttle_count = throttle_count + 1,
-        error = %(error)s, next_run_at = now() + %(delay)s, heartbeat_at = now(),
+        error = %(error)s, heartbeat_at = now(),
+        next_run_at = greatest(now() + %(delay)s,
+                               (SELECT l.paused_until FROM {schema}.lanes l
+                                WHERE l.queue = j.queue AND l.lane = j.lane)),
         leased_by = NULL, lease_token = NULL, lease_expires_at = NULL
     WHERE id = %(id)s AND lease_token = %(token)s AND status = 'running'
     RETURNING id, queue, lane, next_run_at
@@ -371,13 +379,16 @@ SELECT EXISTS (SELECT FROM abandoned WHERE {schema}.unpark_lane(queue, lane, NUL
 ) AS done;
 
 -- name: hand_back
--- a stopping worker returns its job with its cursor; a stop is not a failed attempt. A hand-back
--- whose page was abandoned before it ended, with no page saved under this lease, is counted
--- (stalls; a saved page resets it)
+-- a stopping worker returns its job with its cursor, due at once (or when its lane's pause ends);
+-- a stop is not a failed attempt. A hand-back whose page was abandoned before it ended, with no
+-- page saved under this lease, is counted (stalls; a saved page resets it)
 WITH back AS (
-    UPDATE {schema}.jobs
+    UPDATE {schema}.jobs j
     SET status = CASE WHEN %(previous_status)s = 'deferred' THEN 'deferred' ELSE 'pending' END,
-        attempt_count = attempt_count - 1, next_run_at = now(),
+        attempt_count = attempt_count - 1,
+        next_run_at = greatest(now(),
+                               (SELECT l.paused_until FROM {schema}.lanes l
+                                WHERE l.queue = j.queue AND l.lane = j.lane)),
         stalls = stalls + CASE WHEN %(stalled)s THEN 1 ELSE 0 END,
         leased_by = NULL, lease_token = NULL, lease_expires_at = NULL
     WHERE id = %(id)s AND lease_token = %(token)s AND status = 'running'
@@ -388,11 +399,15 @@ SELECT id FROM back WHERE {schema}.unpark_lane(queue, lane, next_run_at, id) >= 
 -- name: wait_for_rate
 -- the lane's rate leaves no room for another page start yet: the job goes back in line with its
 -- cursor and its attempt, due when the lane has room, and the lane's other open jobs wait as long
--- (so that no slot takes one only to hand it back); the slot takes something else meanwhile
+-- (so that no slot takes one only to hand it back), or until its pause ends if that is later; the
+-- slot takes something else meanwhile
 WITH back AS (
-    UPDATE {schema}.jobs
+    UPDATE {schema}.jobs j
     SET status = CASE WHEN %(previous_status)s = 'deferred' THEN 'deferred' ELSE 'pending' END,
-        attempt_count = attempt_count - 1, next_run_at = now() + %(delay)s,
+        attempt_count = attempt_count - 1,
+        next_run_at = greatest(now() + %(delay)s,
+                               (SELECT l.paused_until FROM {schema}.lanes l
+                                WHERE l.queue = j.queue AND l.lane = j.lane)),
         leased_by = NULL, lease_token = NULL, lease_expires_at = NULL
     WHERE id = %(id)s AND lease_token = %(token)s AND status = 'running'
     RETURNING id, queue, lane, next_run_at
@@ -429,15 +444,19 @@ WHERE {schema}.unpark_lane(
 ) >= 0;
 
 -- name: reclaim_expired
--- jobs whose worker stopped renewing its lease go back in line (the attempt counts as failed,
--- after_failed_attempt); the dead worker's late writes no longer match the cleared token
+-- jobs whose worker stopped renewing its lease go back in line, due at once (or when the lane's
+-- pause ends); the attempt counts as failed (after_failed_attempt); the dead worker's late writes
+-- no longer match the cleared token
 WITH reclaimed AS (
-    UPDATE {schema}.jobs
+    UPDATE {schema}.jobs j
     SET status = {schema}.after_failed_attempt(attempt_count, %(max_attempts)s),
         completed_at = CASE WHEN attempt_count > %(max_attempts)s THEN now() END,
         error = 'LeaseExpired: worker ' || coalesce(leased_by, '?')
                 || ' stopped renewing its lease',
-        next_run_at = now(), leased_by = NULL, lease_token = NULL, lease_expires_at = NULL
+        next_run_at = greatest(now(),
+                               (SELECT l.paused_until FROM {schema}.lanes l
+                                WHERE l.queue = j.queue AND l.lane = j.lane)),
+        leased_by = NULL, lease_token = NULL, lease_expires_at = NULL
     WHERE queue = %(queue)s AND status = 'running' AND lease_expires_at < now()
     RETURNING id, queue, owner, lane, type, mode, window_start, window_end, status,
               attempt_count, error, next_run_at

@@ -242,17 +242,20 @@ class Lease:
         params = {"previous_status": self.job.previous_status, "stalled": stalled}
         await self._guarded("hand_back", params)
 
-    async def wait_for_rate(self, delay: timedelta) -> None:
-        """Back in line with its cursor and its attempt until the lane's rate has room; the
-        lane's other open jobs wait as long."""
+    async def wait_for_rate(self, delay: timedelta) -> datetime:
+        """Back in line with its cursor and its attempt until the lane's rate has room (or its
+        pause ends, if later); the lane's other open jobs wait as long. Returns until when."""
         params = {**self._guard(), "previous_status": self.job.previous_status, "delay": delay}
 
-        async def statement(conn: psycopg.AsyncConnection[Any]) -> bool:
+        async def statement(conn: psycopg.AsyncConnection[Any]) -> datetime | None:
             cur = await conn.execute(self.writer.store.query("wait_for_rate"), params)
-            return (await cur.fetchone()) is not None
+            row = await cur.fetchone()
+            return None if row is None else row[0]
 
-        if not await self.writer.run("wait_for_rate", statement, self._patience):
+        until = await self.writer.run("wait_for_rate", statement, self._patience)
+        if until is None:
             raise LeaseLost("the job was taken over or cancelled")
+        return until
 
     async def page_start(self, rate: Rate, units: int = 1, *, force: bool = False) -> float:
         """Counts a page start against the lane's rate: 0 when the page may start now, else

@@ -15,7 +15,7 @@ import random
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 import psycopg
@@ -415,15 +415,14 @@ class Slot:
     async def _wait_for_rate(self, lease: Lease, seconds: float, cursor: str | None) -> None:
         taken = lease.job
         with contextlib.suppress(LeaseLost):
-            await lease.wait_for_rate(timedelta(seconds=seconds))
+            until = await lease.wait_for_rate(timedelta(seconds=seconds))
             self.crew.report["rate_limited"] += 1
             log.info(
-                "%s: lane %s has used its rate, back in line for %.1f s",
+                "%s: lane %s has used its rate, back in line until %s",
                 describe(taken),
                 taken.lane,
-                seconds,
+                until.isoformat(),
             )
-            until = datetime.now(UTC) + timedelta(seconds=seconds)
             self.crew.emit("handed_back", taken, status="pending", cursor=cursor, until=until)
 
     async def _over_budget(self, lease: Lease) -> None:
