@@ -476,6 +476,39 @@ def test_requeueing_a_cancelled_job_keeps_its_lane_until_its_page_stops(
     assert second_began >= first_ended, "two pages of one lane ran at once"
 
 
+def test_a_cancelled_page_longer_than_its_lease_holds_its_lane_until_it_stops(
+    app: SyncLane, db: psycopg.Connection[Any], schema: str
+) -> None:
+    """The heartbeat is refused once the job is cancelled, but the page runs on in its thread:
+    its worker keeps the lease alive (nothing else) until the page has stopped, so neither the
+    requeued job nor another job of the lane starts beside it, however long past the lease."""
+    queue = app.queue("q", concurrency=3, lease_duration=1)
+    runs: list[tuple[int, float, float]] = []
+    lock = threading.Lock()
+
+    @queue.snapshot("products", every=DAY)
+    def products(job: Job) -> Page:
+        began = time.monotonic()
+        time.sleep(3.5 if job.owner == "acme" and job.attempt_count == 1 else 0.1)
+        with lock:
+            runs.append((job.id, began, time.monotonic()))
+        return Page(None, 1)
+
+    job_id = app.enqueue("q", "acme", "products", lane="acme")
+    with running_worker(app) as worker:
+        wait_for(lambda: job_row(db, schema, job_id)["status"] == "running", 10, "the page")
+        assert app.cancel("q", "acme", "disconnected by mistake") == 1
+        assert app.requeue("q", ids=[job_id], include_cancelled=True) == 1
+        other = app.enqueue("q", "acme-eu", "products", lane="acme")
+        wait_for(lambda: job_row(db, schema, job_id)["status"] == "completed", 20, "the rerun")
+        wait_for(lambda: job_row(db, schema, other)["status"] == "completed", 20, "the other")
+    assert len(runs) == 3, runs
+    first, *rest = sorted(runs, key=lambda r: r[1])
+    assert all(began >= first[2] for _, began, _ in rest), "two pages of one lane ran at once"
+    assert job_row(db, schema, job_id)["processed_count"] == 1, "the late page wrote nothing"
+    assert worker.report["lost"] == 1
+
+
 # -- values at the edges -------------------------------------------------------------------
 
 

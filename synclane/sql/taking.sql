@@ -429,6 +429,15 @@ WHERE {schema}.unpark_lane(queue, lane, next_run_at, id) >= 0;
 -- it announced
 SELECT {schema}.lane_page_start(%(queue)s, %(lane)s, %(count)s, %(period)s, %(units)s, %(force)s);
 
+-- name: hold_lease
+-- keeps a lost lease alive while its page is still in flight (the job was cancelled, maybe
+-- requeued since): a lane stays held until the page that holds it has stopped. Only the lease's
+-- end moves; the status guard of every write still refuses this worker (it is not 'running')
+UPDATE {schema}.jobs
+SET lease_expires_at = now() + %(lease)s
+WHERE id = %(id)s AND lease_token = %(token)s AND status <> 'running'
+RETURNING id;
+
 -- name: release_cancelled
 -- a worker whose job stopped running under it (cancelled, maybe requeued since) lets go of the
 -- lease at once, and with it the lane

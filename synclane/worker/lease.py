@@ -276,8 +276,18 @@ class Lease:
 
         return await self.writer.run("lane_page_start", statement, self._patience)
 
+    async def hold(self) -> bool:
+        """Renews a lost lease whose page is still in flight, so that its lane stays held; no
+        write of the job is allowed under it. False when the lease is nobody's any more
+        (reclaimed, taken over): there is nothing left to hold."""
+        try:
+            await self._guarded("hold_lease", {})
+        except LeaseLost:
+            return False
+        return True
+
     async def release(self) -> None:
-        """A cancelled job gives its lane back at once."""
+        """A cancelled job gives its lane back once its page has stopped."""
         await self._guarded("release_cancelled", {})
 
     # -- statements ------------------------------------------------------------------------

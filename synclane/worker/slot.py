@@ -87,13 +87,20 @@ class Crew:
         return self.stop.is_set()
 
     def release_when_stopped(self, lease: Lease, run: PageRun | None) -> None:
-        """Let go of a lost lease (a cancelled job's lane is free at once) once its page has
-        stopped. A page that never ends leaves the lease to expire, which frees the lane too."""
+        """Hold a lost lease while its page may still run, then let go of it. A cancelled job's
+        heartbeat is refused, but a plain handler's thread cannot be stopped: its lease is
+        renewed every third of its duration (`hold_lease`, no other write) until the page has
+        stopped, so the lane is not free while the page is in flight, however long it takes.
+        Then `release_cancelled` frees the lane at once. A page that never ends holds the lane
+        until this worker stops (or dies, and the lease expires)."""
+        beat = max(lease.duration.total_seconds() / 3, 0.05)
 
         async def release() -> None:
-            if run is not None:
-                await asyncio.shield(run.stopped)
             with contextlib.suppress(psycopg.Error, LeaseLost):
+                while run is not None and not run.stopped.done():
+                    await asyncio.wait([run.stopped], timeout=beat)
+                    if not run.stopped.done() and not await lease.hold():
+                        return  # reclaimed or taken over: the lease is nobody's to hold
                 await lease.release()
 
         task = asyncio.create_task(release())
