@@ -426,6 +426,37 @@ def test_a_lost_answer_to_a_page_save_counts_the_page_once(
     assert worker.report["lost"] == 0
 
 
+def test_a_lost_answer_to_a_page_save_that_keeps_its_cursor_counts_the_page_once(
+    dsn: str, schema: str, db: psycopg.Connection[Any]
+) -> None:
+    """A page whose next cursor is the one it started from (an API that pages by "since" and
+    answers the same token until the data moves on): the guard on the cursor alone matched the
+    save sent again after a lost answer, and counted the page twice."""
+    with answer_dropper(dsn) as proxy:
+        app = make_app(proxy.dsn, schema)
+        queue = app.queue("q", lease_duration=120)
+        seen: list[str | None] = []
+
+        @queue.snapshot("products", every=DAY)
+        def products(job: Job) -> Page:
+            seen.append(job.cursor)
+            if len(seen) == 1:
+                return Page("since-10", 10)
+            if len(seen) == 2:
+                proxy.drop_answer_to("SET cursor =")  # the save after this page
+                return Page("since-10", 10)
+            return Page(None, 10)
+
+        job_id = app.enqueue("q", "acme", "products")
+        with running_worker(app) as worker:
+            wait_for(lambda: job_row(db, schema, job_id)["status"] == "completed", 10, "the job")
+        app.close()
+    assert proxy.dropped == 1
+    assert seen == [None, "since-10", "since-10"]
+    assert job_row(db, schema, job_id)["processed_count"] == 30
+    assert worker.report["lost"] == 0
+
+
 def test_a_lost_answer_to_a_recorded_failure_reports_the_failure(
     dsn: str, schema: str, db: psycopg.Connection[Any]
 ) -> None:

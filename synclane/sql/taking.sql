@@ -244,13 +244,14 @@ JOIN unnest(%(done_ids)s::bigint[], %(done_tokens)s::uuid[]) AS d (id, token)
 -- saves the cursors and counts of the slots of one worker whose pages ended at the same instant,
 -- in one statement and one commit, and renews their leases. Each row keeps its own guard: id,
 -- lease token, status = 'running' (false for a slot that lost its lease: it stops and writes
--- nothing more; the others are saved), and the cursor it replaces (sent again after a lost
--- answer, a save finds its own and counts nothing twice). Also says whether the queue is paused:
--- the jobs then stop at this page boundary
+-- nothing more; the others are saved), and where its page started: the cursor it replaces and
+-- the count before it (sent again after a lost answer, a save finds its own and counts nothing
+-- twice, also when a page's next cursor is the one it started from: a page with records moves
+-- the count on). Also says whether the queue is paused: the jobs then stop at this page boundary
 WITH given AS (
     SELECT * FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(expected)s::text[],
-                         %(cursors)s::text[], %(counts)s::bigint[])
-         WITH ORDINALITY AS g (id, token, expected, cursor, count, number)
+                         %(counted)s::bigint[], %(cursors)s::text[], %(counts)s::bigint[])
+         WITH ORDINALITY AS g (id, token, expected, counted, cursor, count, number)
 ),
 saved AS (
     UPDATE {schema}.jobs j
@@ -258,13 +259,14 @@ saved AS (
         heartbeat_at = now(), lease_expires_at = now() + %(lease)s
     FROM given g
     WHERE j.id = g.id AND j.lease_token = g.token AND j.status = 'running'
-      AND j.cursor IS NOT DISTINCT FROM g.expected
+      AND j.cursor IS NOT DISTINCT FROM g.expected AND j.processed_count = g.counted
     RETURNING j.id
 )
 SELECT g.id IN (SELECT id FROM saved) OR EXISTS (
            SELECT FROM {schema}.jobs j
            WHERE j.id = g.id AND j.lease_token = g.token AND j.status = 'running'
-             AND j.cursor IS NOT DISTINCT FROM g.cursor) AS saved,
+             AND j.cursor IS NOT DISTINCT FROM g.cursor
+             AND j.processed_count = g.counted + g.count) AS saved,
        EXISTS (SELECT FROM {schema}.queue_pauses WHERE queue = %(queue)s) AS paused
 FROM given g
 ORDER BY g.number;

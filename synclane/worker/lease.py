@@ -76,11 +76,13 @@ class Writer:
 
 @dataclass(frozen=True)
 class PageSave:
-    """One slot's page to save: its job, lease token, the cursor it replaces, the new one."""
+    """One slot's page to save: its job, lease token, where the page started (the cursor it
+    replaces and the job's count before it), the new cursor and the page's count."""
 
     id: int
     token: UUID
     expected: str | None
+    counted: int
     cursor: str
     count: int
 
@@ -124,6 +126,7 @@ class PageWrites:
             "ids": [p.id for p in pages],
             "tokens": [p.token for p in pages],
             "expected": [p.expected for p in pages],
+            "counted": [p.counted for p in pages],
             "cursors": [p.cursor for p in pages],
             "counts": [p.count for p in pages],
         }
@@ -175,13 +178,14 @@ class Lease:
         if time.monotonic() - self.renewed >= self.duration.total_seconds():
             raise LeaseLost("the lease ran out while this worker was not running (paused?)")
 
-    async def save_page(self, expected: str | None, cursor: str, count: int) -> bool:
+    async def save_page(self, expected: str | None, counted: int, cursor: str, count: int) -> bool:
         """Saves the cursor and the count after a page and renews the lease, in the statement
-        the worker's slots whose pages end now share; `expected` is the cursor the page started
-        from (a save sent again finds its own). Returns whether the queue is paused (the job
-        then stops at this page boundary)."""
+        the worker's slots whose pages end now share; `expected` and `counted` are the cursor
+        the page started from and the job's count before it (a save sent again finds its own,
+        also when the page kept its cursor). Returns whether the queue is paused (the job then
+        stops at this page boundary)."""
         sent = time.monotonic()
-        page = PageSave(self.id, self.token, expected, cursor, count)
+        page = PageSave(self.id, self.token, expected, counted, cursor, count)
         saved, paused = await self.pages.save(page)
         if not saved:
             raise LeaseLost("the job was taken over or cancelled")

@@ -269,7 +269,9 @@ class Slot:
                     if taken.mode == "initial" and crew.first_load is not None:
                         await crew.first_load(taken)
                     return following
-                paused = await lease.save_page(job.cursor, page.next_cursor, page.count)
+                paused = await lease.save_page(
+                    job.cursor, job.processed_count, page.next_cursor, page.count
+                )
                 progressed = True
                 crew.emit(
                     "page",
