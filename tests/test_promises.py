@@ -23,7 +23,7 @@ from workers import arrange, database_now, job_row
 from synclane import ConfigError, Job, Owner, Page, SlotDied, SyncLane, Throttled
 from synclane.testing import make_app, running_worker, wait_for
 from synclane.worker.slot import Slot
-from synclane.worker.taker import take_front
+from synclane.worker.taker import FRONT_SIZE, take_front
 
 DAY = timedelta(days=1)
 WEST = timezone(timedelta(hours=-5))
@@ -399,6 +399,61 @@ def test_a_lost_answer_to_a_completion_does_not_strand_the_next_job(
     assert job_row(db, schema, first)["status"] == "completed"
     assert job_row(db, schema, second)["attempt_count"] == 1
     assert worker.report["lost"] == 0 and worker.report["completed"] == 2
+
+
+def test_a_lost_answer_to_a_plain_take_does_not_strand_its_job(
+    dsn: str, schema: str, db: psycopg.Connection[Any]
+) -> None:
+    """A take with nothing to complete; its answer is lost. The worker finds the job by the
+    lease token it sent and runs it at once, its attempt not used up."""
+    with answer_dropper(dsn) as proxy:
+        app = make_app(proxy.dsn, schema)
+        products_queue(app, "q", lease_duration=120)
+        job_id = app.enqueue("q", "acme", "products")
+        proxy.drop_answer_to("front AS (")  # the worker's first take
+        with running_worker(app) as worker:
+            wait_for(lambda: job_row(db, schema, job_id)["status"] == "completed", 10, "the job")
+        app.close()
+    assert proxy.dropped == 1
+    assert job_row(db, schema, job_id)["attempt_count"] == 1
+    assert worker.report["lost"] == 0 and worker.report["completed"] == 1
+
+
+def test_a_lost_answer_to_a_take_lane_by_lane_does_not_strand_its_job(
+    dsn: str, schema: str, db: psycopg.Connection[Any]
+) -> None:
+    """The front of the line waits behind a busy lane, so the slot looks lane by lane; the
+    answer to that take is lost. The worker finds the job by its token and runs it at once."""
+    with answer_dropper(dsn) as proxy:
+        app = make_app(proxy.dsn, schema)
+        products_queue(app, "q", lease_duration=120)
+        app.enqueue("q", "busy-0", "products", lane="busy")  # makes the schema
+        jobs = sql.Identifier(schema, "jobs")
+        db.execute(
+            sql.SQL(
+                "INSERT INTO {} (queue, owner, lane, type, mode, dedup_key) "
+                "SELECT 'q', 'busy-' || n, 'busy', 'products', 'manual', 'manual:' || n "
+                "FROM generate_series(1, %s) n"
+            ).format(jobs),
+            [FRONT_SIZE],
+        )
+        # The first job of the busy lane runs under another worker's lease: the front's 64 jobs
+        # all wait behind it.
+        db.execute(
+            sql.SQL(
+                "UPDATE {} SET status = 'running', leased_by = 'elsewhere', lease_token = "
+                "gen_random_uuid(), lease_expires_at = now() + interval '1 hour' "
+                "WHERE id = (SELECT min(id) FROM {})"
+            ).format(jobs, jobs)
+        )
+        job_id = app.enqueue("q", "globex", "products", lane="free")
+        proxy.drop_answer_to("looked AS MATERIALIZED")  # the take lane by lane
+        with running_worker(app) as worker:
+            wait_for(lambda: job_row(db, schema, job_id)["status"] == "completed", 10, "the job")
+        app.close()
+    assert proxy.dropped == 1
+    assert job_row(db, schema, job_id)["attempt_count"] == 1
+    assert worker.report["lost"] == 0 and worker.report["completed"] == 1
 
 
 def test_a_lost_answer_to_a_page_save_counts_the_page_once(
