@@ -243,8 +243,8 @@ JOIN unnest(%(done_ids)s::bigint[], %(done_tokens)s::uuid[]) AS d (id, token)
 -- name: save_pages
 -- saves the cursors and counts of the slots of one worker whose pages ended at the same instant,
 -- in one statement and one commit, and renews their leases. Each row keeps its own guard: id,
--- lease token, status = 'running' (false for a slot that lost its lease: it stops and writes
--- nothing more; the others are saved), and where its page started: the cursor it replaces and
+-- lease token, status = 'running' (false for a slot that lost its lease: it stops and saves
+-- nothing more of the job, only holds and then releases the lost lease; the others are saved), and where its page started: the cursor it replaces and
 -- the count before it (sent again after a lost answer, a save finds its own and counts nothing
 -- twice, also when a page's next cursor is the one it started from: a page with records moves
 -- the count on). Also says whether the queue is paused: the jobs then stop at this page boundary

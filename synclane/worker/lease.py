@@ -3,8 +3,11 @@
 Every write about a running job is guarded by its id, its lease token and status = 'running'
 (statements in sql/taking.sql). A write that matches no row means the lease was lost (another
 worker took the job over, or it was cancelled): `LeaseLost` is raised and the slot writes
-nothing more for that job. Writes are retried through a short database outage, for up to half
-the lease; after that the job is left to lease expiry.
+nothing more of the job's work (no page, no count, no status). Two writes touch the lost lease
+itself, never the job: while the page may still run, `hold` renews it so that the lane stays
+held (only when the row is no longer 'running'), and once the page has stopped `release` clears
+it, freeing the lane. Writes are retried through a short database outage, for up to half the
+lease; after that the job is left to lease expiry.
 """
 
 from __future__ import annotations

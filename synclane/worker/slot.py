@@ -305,7 +305,12 @@ class Slot:
             # plain handler's thread cannot be stopped from outside), then it is let go.
             crew.release_when_stopped(lease, run)
             crew.report["lost"] += 1
-            log.warning("%s: lease lost (%s); stopped without writing more", describe(taken), lost)
+            log.warning(
+                "%s: lease lost (%s); its page is abandoned and nothing of it is saved; the lane "
+                "is let go once the page has stopped",
+                describe(taken),
+                lost,
+            )
             crew.emit("lease_lost", taken, error=str(lost))
         except Throttled as throttle:
             await self._throttle(lease, throttle)
