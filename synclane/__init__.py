@@ -5,7 +5,7 @@ its error. `import synclane` imports neither pandas nor Prefect.
 """
 
 from synclane.app import SyncLane
-from synclane.errors import DatabaseUnavailable, OwnerSourceError, SchemaError, SlotDied
+from synclane.errors import DatabaseUnavailable, OwnerSourceError, SchemaError, WorkerDied
 from synclane.model import Abandon, ConfigError, Job, Owner, Page, Rate, Throttled
 from synclane.queues import Queue
 
@@ -20,8 +20,8 @@ __all__ = [
     "Queue",
     "Rate",
     "SchemaError",
-    "SlotDied",
     "SyncLane",
     "Throttled",
+    "WorkerDied",
 ]
 __version__ = "0.2.0"

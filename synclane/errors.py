@@ -38,10 +38,11 @@ class HandlerEscaped(Exception):
         super().__init__(type(original).__name__)
 
 
-class SlotDied(RuntimeError):
-    """A slot of a worker ended before the worker stopped (a bug of synclane's that escaped
-    it): the worker stops, handing its jobs back, and `run_worker` raises this instead of
-    returning as if its work were done."""
+class WorkerDied(RuntimeError):
+    """A part of a worker (a slot, its planner, its lease reclaimer, its listener, its idle
+    check) ended before the worker stopped, a bug of synclane's that escaped it: the worker
+    stops, handing its jobs back, and `run_worker` raises this instead of returning as if its
+    work were done, or running on without that part."""
 
 
 def message_of(error: BaseException) -> str:

@@ -20,8 +20,9 @@ from netfault import answer_dropper
 from psycopg import sql
 from workers import arrange, database_now, job_row
 
-from synclane import ConfigError, Job, Owner, Page, SlotDied, SyncLane, Throttled
+from synclane import ConfigError, Job, Owner, Page, SyncLane, Throttled, WorkerDied
 from synclane.testing import make_app, running_worker, wait_for
+from synclane.worker import Worker
 from synclane.worker.slot import Slot
 from synclane.worker.taker import FRONT_SIZE, take_front
 
@@ -226,9 +227,32 @@ def test_a_slot_that_dies_is_logged_and_fails_the_worker(
 
     monkeypatch.setattr(Slot, "_loop", broken)
     caplog.clear()
-    with caplog.at_level(logging.ERROR, logger="synclane"), pytest.raises(SlotDied, match="q/0"):
+    with caplog.at_level(logging.ERROR, logger="synclane"), pytest.raises(WorkerDied, match="q/0"):
         app.run_worker(until_idle=True, stop_after=15)
     assert "slot q/0 died" in caplog.text and "Broken: a bug of ours" in caplog.text
+
+
+@pytest.mark.parametrize("helper", ["_reclaim_loop", "_stop_when_idle"])
+def test_a_worker_duty_that_dies_is_logged_and_fails_the_worker(
+    app: SyncLane,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    helper: str,
+) -> None:
+    """The slots' siblings: the lease reclaimer and the idle check (also the planner, the
+    listener) run as tasks beside the slots. One that ends with an error is never silent: the
+    worker logs it, stops and raises, instead of running on without it (expired leases never
+    reclaimed, a worker "until idle" that never stops)."""
+    products_queue(app, "q")
+    app.enqueue("q", "acme", "products")
+
+    async def broken(self: Worker, *args: Any) -> None:
+        raise Broken("a bug of ours")
+
+    monkeypatch.setattr(Worker, helper, broken)
+    with caplog.at_level(logging.ERROR, logger="synclane"), pytest.raises(WorkerDied):
+        app.run_worker(until_idle=True, stop_after=5)
+    assert "died: Broken: a bug of ours" in caplog.text
 
 
 # -- a lane's pause ------------------------------------------------------------------------
