@@ -99,8 +99,7 @@ def _iterable(result: Any) -> Iterable[Any]:
         return _drained(result)
     if isinstance(result, str | bytes) or not isinstance(result, Iterable):
         raise _NotOwners(
-            f"returned {type(result).__name__} {result!r:.100}; return a list of Owner(...) "
-            "objects or owner id strings"
+            f"returned {_shown(result)}; return a list of Owner(...) objects or owner id strings"
         )
     return result
 
@@ -127,6 +126,14 @@ class _NotOwners(TypeError):
     """An owner source returned something that is not a list of owners."""
 
 
+def _shown(item: object) -> str:
+    """An item for a log line: its type and repr, even when its repr raises."""
+    try:
+        return f"{type(item).__name__} {item!r:.100}"
+    except Exception:
+        return f"{type(item).__name__} <unprintable>"
+
+
 class _Refusals:
     """Items left out of planning, logged once per planning of a queue: owners that cannot be
     stored, and items that are no owner at all (an int id, None): one bad item of a million
@@ -145,7 +152,7 @@ class _Refusals:
             owner = Owner(item) if isinstance(item, str) else item
             if not isinstance(owner, Owner):
                 self.strangers += 1
-                self.first_stranger = self.first_stranger or f"{type(item).__name__} {item!r:.100}"
+                self.first_stranger = self.first_stranger or _shown(item)
                 continue
             try:
                 owner.check()

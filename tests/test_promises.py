@@ -674,15 +674,22 @@ def test_a_name_is_limited_in_bytes_and_one_bad_owner_does_not_stop_planning(
 def test_an_owner_source_item_that_is_no_owner_is_left_out_and_the_rest_planned(
     app: SyncLane, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A source that yields an int (an account's numeric id), None or bytes among its owners:
-    each such item is left out, the queue's planning says so in one line, the rest is planned."""
-    products_queue(app, "q", owners=[Owner("acme"), 42, None, b"raw", "globex", 43])  # type: ignore[list-item]
+    """A source that yields an int (an account's numeric id), None, bytes or an object that
+    cannot even be printed among its owners: each such item is left out, the queue's planning
+    says so in one line, the rest is planned."""
+
+    class Unprintable:
+        def __repr__(self) -> str:
+            raise RuntimeError("no repr")
+
+    strays = [Unprintable(), 42, None, b"raw"]
+    products_queue(app, "q", owners=[Owner("acme"), *strays, "globex"])  # type: ignore[list-item]
     with caplog.at_level(logging.ERROR, logger="synclane"):
         assert app.plan() == {"q": 2}
     assert set(app.jobs()["owner"]) == {"acme", "globex"}
     lines = [r.getMessage() for r in caplog.records if "neither an Owner" in r.getMessage()]
     assert len(lines) == 1, caplog.text
-    assert "4 item(s)" in lines[0] and "int 42" in lines[0], lines[0]
+    assert "4 item(s)" in lines[0] and "Unprintable" in lines[0], lines[0]
 
 
 @pytest.mark.parametrize(
