@@ -24,7 +24,7 @@ from synclane import ConfigError, Job, Owner, Page, SyncLane, Throttled, WorkerD
 from synclane.testing import make_app, running_worker, wait_for
 from synclane.worker import Worker
 from synclane.worker.slot import Slot
-from synclane.worker.taker import FRONT_SIZE, take_front
+from synclane.worker.taker import FRONT_SIZE, take_by_lane, take_front
 
 DAY = timedelta(days=1)
 WEST = timezone(timedelta(hours=-5))
@@ -394,6 +394,59 @@ def test_every_statement_that_puts_a_job_back_in_line_respects_its_lanes_pause(
     row = job_row(db, schema, job_id)
     assert row["status"] != "running"
     assert row["next_run_at"] >= paused_until, f"{statement} made the job due during the pause"
+
+
+@pytest.mark.parametrize("first", ["the job joins first", "the throttle first"])
+def test_a_job_that_joins_a_lane_while_it_is_being_throttled_waits_for_the_pause(
+    app: SyncLane, dsn: str, db: psycopg.Connection[Any], schema: str, first: str
+) -> None:
+    """A job joins the lane (a planner's insert, an enqueue) in a transaction that overlaps the
+    throttle's: whichever commits first, the statement of the other read the lane before that
+    commit. The pause still holds: no take starts a job of the lane during it."""
+    products_queue(app, "q")
+    throttled = app.enqueue("q", "first", "products", lane="acme")
+    lease = timedelta(minutes=5)
+
+    async def take() -> Any:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            batch = await take_front(conn, app.store, "q", "w", lease)
+        return batch.jobs
+
+    (taken,) = asyncio.run(take())
+    assert taken.id == throttled
+    params = {"id": taken.id, "token": taken.lease_token, "lease": lease, "error": "Throttled"}
+    params |= {"delay": timedelta(hours=1), "previous_status": "pending"}
+    joined: list[int] = []
+    with psycopg.connect(dsn) as holder:  # a transaction left open until the other waits
+        if first == "the job joins first":
+            joined.append(app.enqueue("q", "later", "products", lane="acme", conn=holder))
+            other = threading.Thread(
+                target=lambda: db.execute(app.store.query("throttle_job"), params)
+            )
+        else:
+            holder.execute(app.store.query("throttle_job"), params)
+            other = threading.Thread(
+                target=lambda: joined.append(app.enqueue("q", "later", "products", lane="acme"))
+            )
+        other.start()
+        time.sleep(0.5)  # the other statement now waits for the lane's row
+        holder.commit()
+    other.join(10)
+    assert joined and job_row(db, schema, throttled)["throttle_count"] == 1
+    assert asyncio.run(take()) == [], "a job of the throttled lane was taken during its pause"
+
+    async def look_lane_by_lane() -> Any:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            return (await take_by_lane(conn, app.store, "q", "w", lease))[0]
+
+    assert asyncio.run(look_lane_by_lane()) is None, "taken lane by lane during its pause"
+    # The look moved the lane's hint to the pause's end: later looks skip it until then.
+    (due_at, paused_until) = db.execute(
+        sql.SQL("SELECT due_at, paused_until FROM {} WHERE lane = 'acme'").format(
+            sql.Identifier(schema, "lanes")
+        )
+    ).fetchone() or (None, None)
+    assert due_at is not None and due_at >= paused_until
 
 
 # -- lost answers --------------------------------------------------------------------------

@@ -37,8 +37,10 @@ room AS (
 front AS (
     -- the best due job of each lane among the first %(front)s in taking order, of the lanes with
     -- room: each lane is looked up in the running-lane index (the jobs completed above no longer
-    -- run: their slots are free at once) and the index of live leases of jobs that stopped
-    -- running (a page may still be in flight), so the cost follows the front, not the fleet
+    -- run: their slots are free at once), the index of live leases of jobs that stopped running
+    -- (a page may still be in flight), and its row in lanes (a throttle's pause holds every job
+    -- of the lane, also one whose next_run_at was written before the pause committed), so the
+    -- cost follows the front, not the fleet
     SELECT c.id FROM (
         SELECT DISTINCT ON (f.lane) f.id, f.lane FROM (
             SELECT id, lane, next_run_at, priority, window_start FROM {schema}.jobs
@@ -55,6 +57,8 @@ front AS (
       AND NOT EXISTS (SELECT FROM {schema}.jobs h
                       WHERE h.queue = %(queue)s AND h.lane = c.lane AND h.status <> 'running'
                         AND h.lease_token IS NOT NULL AND h.lease_expires_at > now())
+      AND NOT EXISTS (SELECT FROM {schema}.lanes p
+                      WHERE p.queue = %(queue)s AND p.lane = c.lane AND p.paused_until > now())
 ),
 taken AS (
     -- the limit reads the completions first, so they have freed their slots in the running-lane
@@ -118,9 +122,10 @@ ORDER BY next.priority, next.window_start DESC NULLS LAST, next.id;
 -- the same take when the front of the line waits behind busy lanes: reads up to %(visit)s lanes
 -- whose hint says a job may be due (lanes.due_at, earliest first), not every lane. Of those it
 -- parks the busy ones (full, or held by a live lease) and moves the hint of those with nothing
--- due to their earliest open job, so the next look skips them; of the rest it takes the best head
--- (its best due job, or a deferred job's last attempt once nothing else of its lane is open or
--- running). The same pause, lane width and queue cap; the indexes still refuse a second taker
+-- due (or paused by a throttle) to their earliest open job (or the pause's end), so the next look
+-- skips them; of the rest it takes the best head (its best due job, or a deferred job's last
+-- attempt once nothing else of its lane is open or running). The same pauses, lane width and
+-- queue cap; the indexes still refuse a second taker
 WITH allowed AS (
     SELECT NOT EXISTS (SELECT FROM {schema}.queue_pauses WHERE queue = %(queue)s)
            AND (%(max_running)s::int IS NULL
@@ -129,7 +134,7 @@ WITH allowed AS (
            AS ok
 ),
 candidates AS MATERIALIZED (
-    SELECT l.lane FROM {schema}.lanes l
+    SELECT l.lane, l.paused_until > now() AS paused FROM {schema}.lanes l
     WHERE l.queue = %(queue)s AND l.due_at <= now() AND (SELECT ok FROM allowed)
     ORDER BY l.due_at
     LIMIT %(visit)s
@@ -142,7 +147,7 @@ looked AS MATERIALIZED (
            OR EXISTS (SELECT FROM {schema}.jobs h
                       WHERE h.queue = %(queue)s AND h.lane = c.lane AND h.status <> 'running'
                         AND h.lease_token IS NOT NULL AND h.lease_expires_at > now()) AS busy,
-           (SELECT head.id FROM (
+           CASE WHEN c.paused THEN NULL ELSE (SELECT head.id FROM (
                 (SELECT j.id, j.priority, j.window_start FROM {schema}.jobs j
                  WHERE j.queue = %(queue)s AND j.lane = c.lane
                    AND j.status IN ('pending', 'failed') AND j.next_run_at <= now()
@@ -156,7 +161,7 @@ looked AS MATERIALIZED (
                        WHERE o.queue = %(queue)s AND o.lane = c.lane
                          AND o.status IN ('pending', 'failed', 'running'))
                  ORDER BY d.priority, d.window_start DESC NULLS LAST, d.id LIMIT 1)
-                LIMIT 1) head) AS head
+                LIMIT 1) head) END AS head
     FROM candidates c
 ),
 parked AS (
@@ -167,12 +172,18 @@ parked AS (
     RETURNING l.lane
 ),
 moved AS (
-    -- free lanes with nothing due now: the hint moves to their earliest open job (or away)
+    -- free lanes with nothing due now: the hint moves to their earliest open job (or away); a
+    -- paused lane's to when its pause ends, at the earliest
     UPDATE {schema}.lanes l
-    SET due_at = (SELECT min(j.next_run_at) FROM {schema}.jobs j
-                  WHERE j.queue = %(queue)s AND j.lane = l.lane
-                    AND j.status IN ('pending', 'failed', 'deferred')
-                    AND j.next_run_at > now())
+    SET due_at = CASE WHEN l.paused_until > now()
+                      THEN greatest(l.paused_until,
+                                    (SELECT min(j.next_run_at) FROM {schema}.jobs j
+                                     WHERE j.queue = %(queue)s AND j.lane = l.lane
+                                       AND j.status IN ('pending', 'failed', 'deferred')))
+                      ELSE (SELECT min(j.next_run_at) FROM {schema}.jobs j
+                            WHERE j.queue = %(queue)s AND j.lane = l.lane
+                              AND j.status IN ('pending', 'failed', 'deferred')
+                              AND j.next_run_at > now()) END
     WHERE l.queue = %(queue)s
       AND l.lane = ANY (ARRAY(SELECT lane FROM looked WHERE NOT busy AND head IS NULL))
     RETURNING l.lane
