@@ -5,7 +5,7 @@ its error. `import synclane` imports neither pandas nor Prefect.
 """
 
 from synclane.app import SyncLane
-from synclane.errors import DatabaseUnavailable, OwnerSourceError, SchemaError
+from synclane.errors import DatabaseUnavailable, OwnerSourceError, SchemaError, WorkerDied
 from synclane.model import Abandon, ConfigError, Job, Owner, Page, Rate, Throttled
 from synclane.queues import Queue
 from synclane.version import __version__ as __version__
@@ -23,4 +23,5 @@ __all__ = [
     "SchemaError",
     "SyncLane",
     "Throttled",
+    "WorkerDied",
 ]

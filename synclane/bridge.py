@@ -139,16 +139,46 @@ def batches_in_thread(
 
 class PageRun:
     """One call of a handler on the running loop: a coroutine function is called on the loop,
-    anything else in a thread; an awaitable result is then awaited on the loop. `task` gives the
-    result; `stopped` is done once the user code no longer runs at all, which for a thread
-    abandoned on a stop or a lost lease may be long after `task` was cancelled."""
+    anything else in a thread; an awaitable result is then awaited on the loop. `result()` gives
+    the outcome once `task` is done; `stopped` is done once the user code no longer runs at all,
+    which for a thread abandoned on a stop or a lost lease may be long after `task` was cancelled.
+
+    Only `stop()` is the worker's cancellation. The handler runs in `task`, so a handler that
+    cancels its own task (asyncio.current_task().cancel(), a watchdog, a timeout helper that
+    forgets uncancel()) sets the very flags a stop sets (task.cancelling()): only the worker
+    knows whether it asked, and a cancellation it did not ask for is the handler's failure."""
 
     def __init__(self, handler: Callable[[Any], Any], job: Any) -> None:
         loop = asyncio.get_running_loop()
         self.stopped: asyncio.Future[None] = loop.create_future()
+        self.stopping = False  # the worker abandoned the page (a stop, a lost lease)
         self._threads = 0
-        self.task: asyncio.Task[Any] = asyncio.ensure_future(contained(self._call(handler, job)))
+        self.task: asyncio.Task[Any] = asyncio.ensure_future(
+            contained(self._call(handler, job), lambda: self.stopping)
+        )
         self.task.add_done_callback(lambda _: self._maybe_stopped())
+
+    def stop(self) -> None:
+        """The worker abandons the page."""
+        self.stopping = True
+        self.task.cancel()
+
+    def result(self) -> Any:
+        """What the page returned or raised, once `task` is done. A task that ended cancelled
+        although the worker did not stop it (a handler that cancelled itself, then returned)
+        raises HandlerEscaped, like a CancelledError the handler raised."""
+        if self.task.cancelled() and not self.stopping:
+            raise HandlerEscaped(asyncio.CancelledError())
+        return self.task.result()
+
+    async def outcome(self) -> Any:
+        """Wait for the page and return `result()`; a cancellation of the waiter stops it."""
+        try:
+            await asyncio.wait([self.task])
+        except asyncio.CancelledError:
+            self.stop()
+            raise
+        return self.result()
 
     def _maybe_stopped(self) -> None:
         if self.task.done() and self._threads == 0 and not self.stopped.done():
@@ -170,16 +200,16 @@ class PageRun:
         return result
 
 
-async def contained(awaitable: Awaitable[T]) -> T:
+async def contained(awaitable: Awaitable[T], asked: Callable[[], bool]) -> T:
     """Await user code so that nothing it raises escapes as anything but an Exception: asyncio
     would re-raise SystemExit and KeyboardInterrupt out of the loop (killing the worker), and a
-    CancelledError would pass for a cancellation of the slot. Only a cancellation of this very
-    task (the worker stopping, a page abandoned) goes through as a cancellation."""
+    CancelledError would pass for a cancellation of the slot. Only a cancellation the worker
+    `asked` for (a stop, a page abandoned) goes through as a cancellation: task.cancelling()
+    cannot tell, since user code can cancel the task it runs in."""
     try:
         return await awaitable
     except asyncio.CancelledError as error:
-        task = asyncio.current_task()
-        if task is not None and task.cancelling():
+        if asked():
             raise
         raise HandlerEscaped(error) from error
     except Exception:

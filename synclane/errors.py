@@ -38,6 +38,13 @@ class HandlerEscaped(Exception):
         super().__init__(type(original).__name__)
 
 
+class WorkerDied(RuntimeError):
+    """A part of a worker (a slot, its planner, its lease reclaimer, its listener, its idle
+    check) ended before the worker stopped, a bug of synclane's that escaped it: the worker
+    stops, handing its jobs back, and `run_worker` raises this instead of returning as if its
+    work were done, or running on without that part."""
+
+
 def message_of(error: BaseException) -> str:
     """str(error), or a stand-in when str() itself fails."""
     try:

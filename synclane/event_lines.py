@@ -77,8 +77,8 @@ def line(event: Event, max_attempts: int | None = None) -> tuple[int, str]:
         text = f"{job}: handed back{where}, to continue there (the worker is stopping)"
     elif kind == "lease_lost":
         text = (
-            f"{job}: lease lost ({error or 'taken over or cancelled'}); this worker stopped "
-            "it without writing more"
+            f"{job}: lease lost ({error or 'taken over or cancelled'}); this worker abandoned "
+            "its page and saves nothing of it, and lets the lane go once the page has stopped"
         )
     elif kind == "reclaimed":
         now = f", now {event.status}" if event.status else ""

@@ -3,8 +3,8 @@
 The source is user code: it may be slow, hang, raise, or return something that is not a list
 of owners, and one of a million accounts may have an id PostgreSQL cannot store. It runs in a
 thread of its own (synclane.bridge) under `owners_timeout`, and is read in batches so that
-memory stays bounded whatever its length; owners it names badly are left out with one logged
-line; the rest are planned.
+memory stays bounded whatever its length; owners it names badly, and items that are no owner
+at all, are left out with one logged line; the rest are planned.
 
 The owners table (sql/schema.sql) records the owners the source named and the lane each one's
 jobs are planned into. `admit` registers a batch of owners; when an owner's lane changed it moves
@@ -99,8 +99,7 @@ def _iterable(result: Any) -> Iterable[Any]:
         return _drained(result)
     if isinstance(result, str | bytes) or not isinstance(result, Iterable):
         raise _NotOwners(
-            f"returned {type(result).__name__} {result!r:.100}; return a list of Owner(...) "
-            "objects or owner id strings"
+            f"returned {_shown(result)}; return a list of Owner(...) objects or owner id strings"
         )
     return result
 
@@ -127,23 +126,34 @@ class _NotOwners(TypeError):
     """An owner source returned something that is not a list of owners."""
 
 
+def _shown(item: object) -> str:
+    """An item for a log line: its type and repr, even when its repr raises."""
+    try:
+        return f"{type(item).__name__} {item!r:.100}"
+    except Exception:
+        return f"{type(item).__name__} <unprintable>"
+
+
 class _Refusals:
-    """Owners left out because they cannot be stored: logged once per planning of a queue."""
+    """Items left out of planning, logged once per planning of a queue: owners that cannot be
+    stored, and items that are no owner at all (an int id, None): one bad item of a million
+    costs that item, not the queue's planning."""
 
     def __init__(self, queue: str, source: str) -> None:
         self.queue, self.source = queue, source
         self.count = 0
         self.first = ""
+        self.strangers = 0
+        self.first_stranger = ""
 
     def check(self, items: list[Any]) -> list[Owner]:
         owners: dict[str, Owner] = {}
         for item in items:
             owner = Owner(item) if isinstance(item, str) else item
             if not isinstance(owner, Owner):
-                raise _NotOwners(
-                    f"returned {item!r:.200} among its owners; return Owner(...) objects or "
-                    "owner id strings"
-                )
+                self.strangers += 1
+                self.first_stranger = self.first_stranger or _shown(item)
+                continue
             try:
                 owner.check()
             except ConfigError as error:
@@ -154,6 +164,16 @@ class _Refusals:
         return list(owners.values())
 
     def report(self) -> None:
+        if self.strangers:
+            log.error(
+                "queue %s: the owner source %s yielded %d item(s) that are neither an Owner(...) "
+                "nor an owner id string, left out of planning (first: %s); yield Owner(str(id)) "
+                "for numeric ids",
+                self.queue,
+                self.source,
+                self.strangers,
+                self.first_stranger,
+            )
         if self.count:
             log.error(
                 "queue %s: the owner source %s named %d owner(s) that cannot be stored, left "

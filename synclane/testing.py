@@ -209,7 +209,7 @@ async def run_pages_async(
     while pages < max_pages:
         cursors.append(current.cursor)
         try:
-            page = page_of(current.type, await PageRun(handler, current).task)
+            page = page_of(current.type, await PageRun(handler, current).outcome())
         except Throttled as throttle:
             return ended(
                 "throttled",

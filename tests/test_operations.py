@@ -227,6 +227,7 @@ def test_a_cancelled_running_job_can_no_longer_save_a_page(shops, db, schema):
     def save(cursor: str) -> int:
         params = {"queue": "shops", "lease": timedelta(minutes=5), "ids": [job_id]}
         params |= {"tokens": [token], "expected": [saved[-1]], "cursors": [cursor], "counts": [10]}
+        params |= {"counted": [10 * (len(saved) - 1)]}
         row = db.execute(save_pages, params).fetchone()
         if row and row[0]:
             saved.append(cursor)

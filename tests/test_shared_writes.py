@@ -16,6 +16,7 @@ from worker_proc import build, create_runs
 from workers import count, job_row, running_worker, wait_for, worker_processes
 
 from synclane import Job, Page, SyncLane
+from synclane.worker.shared import Shared
 
 DAY = timedelta(days=1)
 
@@ -94,3 +95,28 @@ def test_a_crash_during_shared_saves_reruns_at_most_one_page_of_each_job(
         runs = count(db, "SELECT count(*) FROM {runs} WHERE job_id = %s", schema, job_id)
         assert 12 <= runs <= 13, f"job {job_id} ran {runs} pages for 12"
         assert job_row(db, schema, job_id)["processed_count"] == 12
+
+
+def test_a_shared_statement_cancelled_in_flight_leaves_no_slot_waiting() -> None:
+    """The slots of a statement in flight, and those waiting for the next, each get an answer
+    (a cancellation, which the slot logs and restarts after) when the serving task ends by
+    something other than an Exception, here a cancellation of its own: a slot left waiting
+    forever would hold its job and its lane, silently."""
+
+    async def main() -> list[bool]:
+        async def statement(requests: list[int]) -> list[int]:
+            task = asyncio.current_task()
+            assert task is not None
+            task.cancel()
+            await asyncio.sleep(0.01)
+            return requests
+
+        shared: Shared[int, int] = Shared(statement)
+        in_flight = asyncio.ensure_future(shared.ask(1))
+        await asyncio.sleep(0)  # the statement is sent
+        await asyncio.sleep(0)
+        later = asyncio.ensure_future(shared.ask(2))
+        done, _ = await asyncio.wait([in_flight, later], timeout=2)
+        return [asker in done for asker in (in_flight, later)]
+
+    assert asyncio.run(main()) == [True, True]

@@ -37,8 +37,10 @@ room AS (
 front AS (
     -- the best due job of each lane among the first %(front)s in taking order, of the lanes with
     -- room: each lane is looked up in the running-lane index (the jobs completed above no longer
-    -- run: their slots are free at once) and the index of live leases of jobs that stopped
-    -- running (a page may still be in flight), so the cost follows the front, not the fleet
+    -- run: their slots are free at once), the index of live leases of jobs that stopped running
+    -- (a page may still be in flight), and its row in lanes (a throttle's pause holds every job
+    -- of the lane, also one whose next_run_at was written before the pause committed), so the
+    -- cost follows the front, not the fleet
     SELECT c.id FROM (
         SELECT DISTINCT ON (f.lane) f.id, f.lane FROM (
             SELECT id, lane, next_run_at, priority, window_start FROM {schema}.jobs
@@ -55,6 +57,8 @@ front AS (
       AND NOT EXISTS (SELECT FROM {schema}.jobs h
                       WHERE h.queue = %(queue)s AND h.lane = c.lane AND h.status <> 'running'
                         AND h.lease_token IS NOT NULL AND h.lease_expires_at > now())
+      AND NOT EXISTS (SELECT FROM {schema}.lanes p
+                      WHERE p.queue = %(queue)s AND p.lane = c.lane AND p.paused_until > now())
 ),
 taken AS (
     -- the limit reads the completions first, so they have freed their slots in the running-lane
@@ -118,9 +122,10 @@ ORDER BY next.priority, next.window_start DESC NULLS LAST, next.id;
 -- the same take when the front of the line waits behind busy lanes: reads up to %(visit)s lanes
 -- whose hint says a job may be due (lanes.due_at, earliest first), not every lane. Of those it
 -- parks the busy ones (full, or held by a live lease) and moves the hint of those with nothing
--- due to their earliest open job, so the next look skips them; of the rest it takes the best head
--- (its best due job, or a deferred job's last attempt once nothing else of its lane is open or
--- running). The same pause, lane width and queue cap; the indexes still refuse a second taker
+-- due (or paused by a throttle) to their earliest open job (or the pause's end), so the next look
+-- skips them; of the rest it takes the best head (its best due job, or a deferred job's last
+-- attempt once nothing else of its lane is open or running). The same pauses, lane width and
+-- queue cap; the indexes still refuse a second taker
 WITH allowed AS (
     SELECT NOT EXISTS (SELECT FROM {schema}.queue_pauses WHERE queue = %(queue)s)
            AND (%(max_running)s::int IS NULL
@@ -129,7 +134,7 @@ WITH allowed AS (
            AS ok
 ),
 candidates AS MATERIALIZED (
-    SELECT l.lane FROM {schema}.lanes l
+    SELECT l.lane, l.paused_until > now() AS paused FROM {schema}.lanes l
     WHERE l.queue = %(queue)s AND l.due_at <= now() AND (SELECT ok FROM allowed)
     ORDER BY l.due_at
     LIMIT %(visit)s
@@ -142,7 +147,7 @@ looked AS MATERIALIZED (
            OR EXISTS (SELECT FROM {schema}.jobs h
                       WHERE h.queue = %(queue)s AND h.lane = c.lane AND h.status <> 'running'
                         AND h.lease_token IS NOT NULL AND h.lease_expires_at > now()) AS busy,
-           (SELECT head.id FROM (
+           CASE WHEN c.paused THEN NULL ELSE (SELECT head.id FROM (
                 (SELECT j.id, j.priority, j.window_start FROM {schema}.jobs j
                  WHERE j.queue = %(queue)s AND j.lane = c.lane
                    AND j.status IN ('pending', 'failed') AND j.next_run_at <= now()
@@ -156,7 +161,7 @@ looked AS MATERIALIZED (
                        WHERE o.queue = %(queue)s AND o.lane = c.lane
                          AND o.status IN ('pending', 'failed', 'running'))
                  ORDER BY d.priority, d.window_start DESC NULLS LAST, d.id LIMIT 1)
-                LIMIT 1) head) AS head
+                LIMIT 1) head) END AS head
     FROM candidates c
 ),
 parked AS (
@@ -167,12 +172,18 @@ parked AS (
     RETURNING l.lane
 ),
 moved AS (
-    -- free lanes with nothing due now: the hint moves to their earliest open job (or away)
+    -- free lanes with nothing due now: the hint moves to their earliest open job (or away); a
+    -- paused lane's to when its pause ends, at the earliest
     UPDATE {schema}.lanes l
-    SET due_at = (SELECT min(j.next_run_at) FROM {schema}.jobs j
-                  WHERE j.queue = %(queue)s AND j.lane = l.lane
-                    AND j.status IN ('pending', 'failed', 'deferred')
-                    AND j.next_run_at > now())
+    SET due_at = CASE WHEN l.paused_until > now()
+                      THEN greatest(l.paused_until,
+                                    (SELECT min(j.next_run_at) FROM {schema}.jobs j
+                                     WHERE j.queue = %(queue)s AND j.lane = l.lane
+                                       AND j.status IN ('pending', 'failed', 'deferred')))
+                      ELSE (SELECT min(j.next_run_at) FROM {schema}.jobs j
+                            WHERE j.queue = %(queue)s AND j.lane = l.lane
+                              AND j.status IN ('pending', 'failed', 'deferred')
+                              AND j.next_run_at > now()) END
     WHERE l.queue = %(queue)s
       AND l.lane = ANY (ARRAY(SELECT lane FROM looked WHERE NOT busy AND head IS NULL))
     RETURNING l.lane
@@ -243,14 +254,15 @@ JOIN unnest(%(done_ids)s::bigint[], %(done_tokens)s::uuid[]) AS d (id, token)
 -- name: save_pages
 -- saves the cursors and counts of the slots of one worker whose pages ended at the same instant,
 -- in one statement and one commit, and renews their leases. Each row keeps its own guard: id,
--- lease token, status = 'running' (false for a slot that lost its lease: it stops and writes
--- nothing more; the others are saved), and the cursor it replaces (sent again after a lost
--- answer, a save finds its own and counts nothing twice). Also says whether the queue is paused:
--- the jobs then stop at this page boundary
+-- lease token, status = 'running' (false for a slot that lost its lease: it stops and saves
+-- nothing more of the job, only holds and then releases the lost lease; the others are saved), and where its page started: the cursor it replaces and
+-- the count before it (sent again after a lost answer, a save finds its own and counts nothing
+-- twice, also when a page's next cursor is the one it started from: a page with records moves
+-- the count on). Also says whether the queue is paused: the jobs then stop at this page boundary
 WITH given AS (
     SELECT * FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(expected)s::text[],
-                         %(cursors)s::text[], %(counts)s::bigint[])
-         WITH ORDINALITY AS g (id, token, expected, cursor, count, number)
+                         %(counted)s::bigint[], %(cursors)s::text[], %(counts)s::bigint[])
+         WITH ORDINALITY AS g (id, token, expected, counted, cursor, count, number)
 ),
 saved AS (
     UPDATE {schema}.jobs j
@@ -258,13 +270,14 @@ saved AS (
         heartbeat_at = now(), lease_expires_at = now() + %(lease)s
     FROM given g
     WHERE j.id = g.id AND j.lease_token = g.token AND j.status = 'running'
-      AND j.cursor IS NOT DISTINCT FROM g.expected
+      AND j.cursor IS NOT DISTINCT FROM g.expected AND j.processed_count = g.counted
     RETURNING j.id
 )
 SELECT g.id IN (SELECT id FROM saved) OR EXISTS (
            SELECT FROM {schema}.jobs j
            WHERE j.id = g.id AND j.lease_token = g.token AND j.status = 'running'
-             AND j.cursor IS NOT DISTINCT FROM g.cursor) AS saved,
+             AND j.cursor IS NOT DISTINCT FROM g.cursor
+             AND j.processed_count = g.counted + g.count) AS saved,
        EXISTS (SELECT FROM {schema}.queue_pauses WHERE queue = %(queue)s) AS paused
 FROM given g
 ORDER BY g.number;
@@ -297,14 +310,18 @@ SELECT EXISTS (SELECT FROM done WHERE {schema}.unpark_lane(queue, lane, NULL, id
 ) AS done;
 
 -- name: fail_job
--- a failed attempt: retried after the delay, deferred once the regular attempts are used up,
--- abandoned when the deferred attempt fails too (after_failed_attempt); sent again after a lost
--- answer, it finds its own error on the stopped job and reports what it became
+-- a failed attempt: retried after the delay (not before its lane's pause ends), deferred once the
+-- regular attempts are used up, abandoned when the deferred attempt fails too
+-- (after_failed_attempt); sent again after a lost answer, it finds its own error on the stopped
+-- job and reports what it became
 WITH failed AS (
-    UPDATE {schema}.jobs
+    UPDATE {schema}.jobs j
     SET status = {schema}.after_failed_attempt(attempt_count, %(max_attempts)s),
         completed_at = CASE WHEN attempt_count > %(max_attempts)s THEN now() END,
-        error = %(error)s, next_run_at = now() + %(delay)s, heartbeat_at = now(), stalls = 0,
+        error = %(error)s, heartbeat_at = now(), stalls = 0,
+        next_run_at = greatest(now() + %(delay)s,
+                               (SELECT l.paused_until FROM {schema}.lanes l
+                                WHERE l.queue = j.queue AND l.lane = j.lane)),
         leased_by = NULL, lease_token = NULL, lease_expires_at = NULL
     WHERE id = %(id)s AND lease_token = %(token)s AND status = 'running'
     RETURNING id, queue, lane, status, next_run_at
@@ -320,12 +337,16 @@ WHERE id = %(id)s AND status IN ('failed', 'deferred', 'abandoned') AND error = 
 -- name: throttle_job
 -- a throttle gives the attempt back and pauses the lane: every open job of the lane is pushed to
 -- the same time, and the lane itself remembers the pause, so a job that joins it meanwhile (planned,
--- enqueued, requeued) waits too. The account was told to slow down, not the job
+-- enqueued, requeued) waits too. The account was told to slow down, not the job; a pause the lane
+-- already has that ends later stands
 WITH throttled AS (
-    UPDATE {schema}.jobs
+    UPDATE {schema}.jobs j
     SET status = CASE WHEN %(previous_status)s = 'deferred' THEN 'deferred' ELSE 'failed' END,
         attempt_count = attempt_count - 1, throttle_count = throttle_count + 1,
-        error = %(error)s, next_run_at = now() + %(delay)s, heartbeat_at = now(),
+        error = %(error)s, heartbeat_at = now(),
+        next_run_at = greatest(now() + %(delay)s,
+                               (SELECT l.paused_until FROM {schema}.lanes l
+                                WHERE l.queue = j.queue AND l.lane = j.lane)),
         leased_by = NULL, lease_token = NULL, lease_expires_at = NULL
     WHERE id = %(id)s AND lease_token = %(token)s AND status = 'running'
     RETURNING id, queue, lane, next_run_at
@@ -371,13 +392,16 @@ SELECT EXISTS (SELECT FROM abandoned WHERE {schema}.unpark_lane(queue, lane, NUL
 ) AS done;
 
 -- name: hand_back
--- a stopping worker returns its job with its cursor; a stop is not a failed attempt. A hand-back
--- whose page was abandoned before it ended, with no page saved under this lease, is counted
--- (stalls; a saved page resets it)
+-- a stopping worker returns its job with its cursor, due at once (or when its lane's pause ends);
+-- a stop is not a failed attempt. A hand-back whose page was abandoned before it ended, with no
+-- page saved under this lease, is counted (stalls; a saved page resets it)
 WITH back AS (
-    UPDATE {schema}.jobs
+    UPDATE {schema}.jobs j
     SET status = CASE WHEN %(previous_status)s = 'deferred' THEN 'deferred' ELSE 'pending' END,
-        attempt_count = attempt_count - 1, next_run_at = now(),
+        attempt_count = attempt_count - 1,
+        next_run_at = greatest(now(),
+                               (SELECT l.paused_until FROM {schema}.lanes l
+                                WHERE l.queue = j.queue AND l.lane = j.lane)),
         stalls = stalls + CASE WHEN %(stalled)s THEN 1 ELSE 0 END,
         leased_by = NULL, lease_token = NULL, lease_expires_at = NULL
     WHERE id = %(id)s AND lease_token = %(token)s AND status = 'running'
@@ -388,11 +412,15 @@ SELECT id FROM back WHERE {schema}.unpark_lane(queue, lane, next_run_at, id) >= 
 -- name: wait_for_rate
 -- the lane's rate leaves no room for another page start yet: the job goes back in line with its
 -- cursor and its attempt, due when the lane has room, and the lane's other open jobs wait as long
--- (so that no slot takes one only to hand it back); the slot takes something else meanwhile
+-- (so that no slot takes one only to hand it back), or until its pause ends if that is later; the
+-- slot takes something else meanwhile
 WITH back AS (
-    UPDATE {schema}.jobs
+    UPDATE {schema}.jobs j
     SET status = CASE WHEN %(previous_status)s = 'deferred' THEN 'deferred' ELSE 'pending' END,
-        attempt_count = attempt_count - 1, next_run_at = now() + %(delay)s,
+        attempt_count = attempt_count - 1,
+        next_run_at = greatest(now() + %(delay)s,
+                               (SELECT l.paused_until FROM {schema}.lanes l
+                                WHERE l.queue = j.queue AND l.lane = j.lane)),
         leased_by = NULL, lease_token = NULL, lease_expires_at = NULL
     WHERE id = %(id)s AND lease_token = %(token)s AND status = 'running'
     RETURNING id, queue, lane, next_run_at
@@ -414,6 +442,15 @@ WHERE {schema}.unpark_lane(queue, lane, next_run_at, id) >= 0;
 -- it announced
 SELECT {schema}.lane_page_start(%(queue)s, %(lane)s, %(count)s, %(period)s, %(units)s, %(force)s);
 
+-- name: hold_lease
+-- keeps a lost lease alive while its page is still in flight (the job was cancelled, maybe
+-- requeued since): a lane stays held until the page that holds it has stopped. Only the lease's
+-- end moves; the status guard of every write still refuses this worker (it is not 'running')
+UPDATE {schema}.jobs
+SET lease_expires_at = now() + %(lease)s
+WHERE id = %(id)s AND lease_token = %(token)s AND status <> 'running'
+RETURNING id;
+
 -- name: release_cancelled
 -- a worker whose job stopped running under it (cancelled, maybe requeued since) lets go of the
 -- lease at once, and with it the lane
@@ -429,15 +466,19 @@ WHERE {schema}.unpark_lane(
 ) >= 0;
 
 -- name: reclaim_expired
--- jobs whose worker stopped renewing its lease go back in line (the attempt counts as failed,
--- after_failed_attempt); the dead worker's late writes no longer match the cleared token
+-- jobs whose worker stopped renewing its lease go back in line, due at once (or when the lane's
+-- pause ends); the attempt counts as failed (after_failed_attempt); the dead worker's late writes
+-- no longer match the cleared token
 WITH reclaimed AS (
-    UPDATE {schema}.jobs
+    UPDATE {schema}.jobs j
     SET status = {schema}.after_failed_attempt(attempt_count, %(max_attempts)s),
         completed_at = CASE WHEN attempt_count > %(max_attempts)s THEN now() END,
         error = 'LeaseExpired: worker ' || coalesce(leased_by, '?')
                 || ' stopped renewing its lease',
-        next_run_at = now(), leased_by = NULL, lease_token = NULL, lease_expires_at = NULL
+        next_run_at = greatest(now(),
+                               (SELECT l.paused_until FROM {schema}.lanes l
+                                WHERE l.queue = j.queue AND l.lane = j.lane)),
+        leased_by = NULL, lease_token = NULL, lease_expires_at = NULL
     WHERE queue = %(queue)s AND status = 'running' AND lease_expires_at < now()
     RETURNING id, queue, owner, lane, type, mode, window_start, window_end, status,
               attempt_count, error, next_run_at

@@ -18,7 +18,7 @@ import logging
 import signal
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from datetime import timedelta
 from types import SimpleNamespace
 from typing import Any, Literal
@@ -28,7 +28,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from synclane.bridge import in_thread
 from synclane.connection import Database
-from synclane.errors import OwnerSourceError, error_text
+from synclane.errors import OwnerSourceError, WorkerDied, error_text
 from synclane.events import Event, Kind, Listener, listeners
 from synclane.model import IDLE_GRACE, ConfigError, to_duration
 from synclane.queues import Queue
@@ -223,22 +223,32 @@ class Worker:
             self.name,
             ", ".join(f"{q.name}×{q.settings.concurrency}" for q in self.queues),
         )
-        helpers = [
-            asyncio.create_task(self._plan_loop(planned)),
-            asyncio.create_task(self._reclaim_loop()),
-            asyncio.create_task(presence.run()),
-            asyncio.create_task(self._say_stopping(presence, pool)),
+        # Every part of the worker runs as a task; one that dies is never silent (_watch).
+        died: list[tuple[str, BaseException]] = []
+        duties: list[tuple[str, Coroutine[Any, Any, None]]] = [
+            ("the planner", self._plan_loop(planned)),
+            ("the lease reclaimer", self._reclaim_loop()),
+            ("the listener", presence.run()),
+            ("the stop announcement", self._say_stopping(presence, pool)),
         ]
         if self.stop_after is not None:
-            helpers.append(asyncio.create_task(self._stop_later(self.stop_after)))
+            duties.append(("the time budget", self._stop_later(self.stop_after)))
         if self.until_idle:
-            helpers.append(asyncio.create_task(self._stop_when_idle(planned)))
+            duties.append(("the idle check", self._stop_when_idle(planned)))
+        helpers = []
+        for part, duty in duties:
+            helper = asyncio.create_task(duty)
+            helper.add_done_callback(self._watch(part, died, slot=False))
+            helpers.append(helper)
         try:
-            slot_tasks = [
-                asyncio.create_task(Slot(crew, queue, number, self._waker(queue.name)).run())
-                for queue in self.queues
-                for number in range(queue.settings.concurrency)
-            ]
+            slot_tasks = []
+            for queue in self.queues:
+                for number in range(queue.settings.concurrency):
+                    slot = Slot(crew, queue, number, self._waker(queue.name))
+                    task = asyncio.create_task(slot.run())
+                    part = f"slot {queue.name}/{number}"
+                    task.add_done_callback(self._watch(part, died, slot=True))
+                    slot_tasks.append(task)
             try:
                 await asyncio.wait(slot_tasks)
             except asyncio.CancelledError:
@@ -262,7 +272,49 @@ class Worker:
             await presence.leave(pool)
             await pool.close()
             log.info("worker %s stopped: %s", self.name, dict(self.report))
+        if died:
+            part, error = died[0]
+            raise WorkerDied(
+                f"worker {self.name}: {part} died ({error_text(error)}), so the worker stopped "
+                "and handed its jobs back; this is a bug of synclane's, please report it"
+            ) from error
         return dict(self.report)
+
+    def _watch(
+        self, part: str, died: list[tuple[str, BaseException]], *, slot: bool
+    ) -> Callable[[asyncio.Task[None]], None]:
+        """What to do when a part's task ends. Before the worker stops, a part that ended with
+        an error died (each part carries on after the errors it expects; a slot restarts after
+        every Exception), and so did a slot that returned: never silent, it is logged, the whole
+        worker stops, and run_async raises WorkerDied. What escapes a slot while the worker
+        stops is worse than any Exception, so it counts too."""
+
+        main = asyncio.current_task()
+
+        def ended(task: asyncio.Task[None]) -> None:
+            if task.cancelled():
+                if self.stopping or (main is not None and main.cancelling()):
+                    return  # stopped, or the loop torn down from outside: not a death
+                error: BaseException = asyncio.CancelledError(f"{part}'s task was cancelled")
+            elif (found := task.exception()) is not None:
+                if self.stopping and not slot:
+                    return  # a duty's trouble while the worker stops is its own affair
+                error = found
+            elif slot and not self.stopping:
+                error = RuntimeError(f"{part} returned before the worker stopped")
+            else:
+                return  # a duty done, or a slot at the stop
+            log.error(
+                "worker %s: %s died: %s; stopping the worker",
+                self.name,
+                part,
+                error_text(error),
+                exc_info=error,
+            )
+            died.append((part, error))
+            self.stop()
+
+        return ended
 
     def _install_signal_handlers(self, loop: asyncio.AbstractEventLoop) -> list[signal.Signals]:
         if threading.current_thread() is not threading.main_thread():

@@ -3,8 +3,11 @@
 Every write about a running job is guarded by its id, its lease token and status = 'running'
 (statements in sql/taking.sql). A write that matches no row means the lease was lost (another
 worker took the job over, or it was cancelled): `LeaseLost` is raised and the slot writes
-nothing more for that job. Writes are retried through a short database outage, for up to half
-the lease; after that the job is left to lease expiry.
+nothing more of the job's work (no page, no count, no status). Two writes touch the lost lease
+itself, never the job: while the page may still run, `hold` renews it so that the lane stays
+held (only when the row is no longer 'running'), and once the page has stopped `release` clears
+it, freeing the lane. Writes are retried through a short database outage, for up to half the
+lease; after that the job is left to lease expiry.
 """
 
 from __future__ import annotations
@@ -76,11 +79,13 @@ class Writer:
 
 @dataclass(frozen=True)
 class PageSave:
-    """One slot's page to save: its job, lease token, the cursor it replaces, the new one."""
+    """One slot's page to save: its job, lease token, where the page started (the cursor it
+    replaces and the job's count before it), the new cursor and the page's count."""
 
     id: int
     token: UUID
     expected: str | None
+    counted: int
     cursor: str
     count: int
 
@@ -124,6 +129,7 @@ class PageWrites:
             "ids": [p.id for p in pages],
             "tokens": [p.token for p in pages],
             "expected": [p.expected for p in pages],
+            "counted": [p.counted for p in pages],
             "cursors": [p.cursor for p in pages],
             "counts": [p.count for p in pages],
         }
@@ -175,13 +181,14 @@ class Lease:
         if time.monotonic() - self.renewed >= self.duration.total_seconds():
             raise LeaseLost("the lease ran out while this worker was not running (paused?)")
 
-    async def save_page(self, expected: str | None, cursor: str, count: int) -> bool:
+    async def save_page(self, expected: str | None, counted: int, cursor: str, count: int) -> bool:
         """Saves the cursor and the count after a page and renews the lease, in the statement
-        the worker's slots whose pages end now share; `expected` is the cursor the page started
-        from (a save sent again finds its own). Returns whether the queue is paused (the job
-        then stops at this page boundary)."""
+        the worker's slots whose pages end now share; `expected` and `counted` are the cursor
+        the page started from and the job's count before it (a save sent again finds its own,
+        also when the page kept its cursor). Returns whether the queue is paused (the job then
+        stops at this page boundary)."""
         sent = time.monotonic()
-        page = PageSave(self.id, self.token, expected, cursor, count)
+        page = PageSave(self.id, self.token, expected, counted, cursor, count)
         saved, paused = await self.pages.save(page)
         if not saved:
             raise LeaseLost("the job was taken over or cancelled")
@@ -242,17 +249,20 @@ class Lease:
         params = {"previous_status": self.job.previous_status, "stalled": stalled}
         await self._guarded("hand_back", params)
 
-    async def wait_for_rate(self, delay: timedelta) -> None:
-        """Back in line with its cursor and its attempt until the lane's rate has room; the
-        lane's other open jobs wait as long."""
+    async def wait_for_rate(self, delay: timedelta) -> datetime:
+        """Back in line with its cursor and its attempt until the lane's rate has room (or its
+        pause ends, if later); the lane's other open jobs wait as long. Returns until when."""
         params = {**self._guard(), "previous_status": self.job.previous_status, "delay": delay}
 
-        async def statement(conn: psycopg.AsyncConnection[Any]) -> bool:
+        async def statement(conn: psycopg.AsyncConnection[Any]) -> datetime | None:
             cur = await conn.execute(self.writer.store.query("wait_for_rate"), params)
-            return (await cur.fetchone()) is not None
+            row = await cur.fetchone()
+            return None if row is None else row[0]
 
-        if not await self.writer.run("wait_for_rate", statement, self._patience):
+        until = await self.writer.run("wait_for_rate", statement, self._patience)
+        if until is None:
             raise LeaseLost("the job was taken over or cancelled")
+        return until
 
     async def page_start(self, rate: Rate, units: int = 1, *, force: bool = False) -> float:
         """Counts a page start against the lane's rate: 0 when the page may start now, else
@@ -273,8 +283,18 @@ class Lease:
 
         return await self.writer.run("lane_page_start", statement, self._patience)
 
+    async def hold(self) -> bool:
+        """Renews a lost lease whose page is still in flight, so that its lane stays held; no
+        write of the job is allowed under it. False when the lease is nobody's any more
+        (reclaimed, taken over): there is nothing left to hold."""
+        try:
+            await self._guarded("hold_lease", {})
+        except LeaseLost:
+            return False
+        return True
+
     async def release(self) -> None:
-        """A cancelled job gives its lane back at once."""
+        """A cancelled job gives its lane back once its page has stopped."""
         await self._guarded("release_cancelled", {})
 
     # -- statements ------------------------------------------------------------------------

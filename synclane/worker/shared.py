@@ -53,6 +53,7 @@ class Shared(Generic[Request, Answer]):
             await asyncio.wait(set(self._serving))
 
     async def _serve(self) -> None:
+        batch: list[tuple[Request, asyncio.Future[Answer]]] = []
         try:
             await asyncio.sleep(0)  # every slot whose page ended in this instant asks too
             self._starting = False
@@ -74,8 +75,11 @@ class Shared(Generic[Request, Answer]):
                         await self.unclaimed(answer)
         except BaseException:
             self._starting = False
-            for _, future in self._waiting:  # cancelled itself: nobody may wait forever
-                future.cancel()
+            # Cancelled itself (or a bug of ours): nobody may wait forever, neither those of the
+            # statement in flight nor those waiting for the next.
+            for _, future in [*batch, *self._waiting]:
+                if not future.done():
+                    future.cancel()
             self._waiting = []
             raise
         finally:

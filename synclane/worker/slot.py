@@ -15,7 +15,7 @@ import random
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 import psycopg
@@ -87,13 +87,20 @@ class Crew:
         return self.stop.is_set()
 
     def release_when_stopped(self, lease: Lease, run: PageRun | None) -> None:
-        """Let go of a lost lease (a cancelled job's lane is free at once) once its page has
-        stopped. A page that never ends leaves the lease to expire, which frees the lane too."""
+        """Hold a lost lease while its page may still run, then let go of it. A cancelled job's
+        heartbeat is refused, but a plain handler's thread cannot be stopped: its lease is
+        renewed every third of its duration (`hold_lease`, no other write) until the page has
+        stopped, so the lane is not free while the page is in flight, however long it takes.
+        Then `release_cancelled` frees the lane at once. A page that never ends holds the lane
+        until this worker stops (or dies, and the lease expires)."""
+        beat = max(lease.duration.total_seconds() / 3, 0.05)
 
         async def release() -> None:
-            if run is not None:
-                await asyncio.shield(run.stopped)
             with contextlib.suppress(psycopg.Error, LeaseLost):
+                while run is not None and not run.stopped.done():
+                    await asyncio.wait([run.stopped], timeout=beat)
+                    if not run.stopped.done() and not await lease.hold():
+                        return  # reclaimed or taken over: the lease is nobody's to hold
                 await lease.release()
 
         task = asyncio.create_task(release())
@@ -165,11 +172,18 @@ class Slot:
         self.settings = queue.settings
 
     async def run(self) -> None:
-        """Take and run jobs until the worker stops; a bug of ours costs a pause, not the slot."""
+        """Take and run jobs until the worker stops; a bug of ours costs a pause, not the slot,
+        and so does a cancellation of nobody's asking. Only a cancellation of the slot's own
+        task (the loop torn down) ends it early."""
         while not self.crew.stopping:
             try:
                 await self._loop()
-            except Exception:
+            except (Exception, asyncio.CancelledError) as error:
+                task = asyncio.current_task()
+                if isinstance(error, asyncio.CancelledError) and (
+                    task is None or task.cancelling()
+                ):
+                    raise
                 log.exception("slot %s/%d crashed; restarting it", self.queue.name, self.number)
                 await self.crew.pause(self.crew.poll_interval)
 
@@ -255,7 +269,9 @@ class Slot:
                     if taken.mode == "initial" and crew.first_load is not None:
                         await crew.first_load(taken)
                     return following
-                paused = await lease.save_page(job.cursor, page.next_cursor, page.count)
+                paused = await lease.save_page(
+                    job.cursor, job.processed_count, page.next_cursor, page.count
+                )
                 progressed = True
                 crew.emit(
                     "page",
@@ -278,7 +294,9 @@ class Slot:
         except asyncio.CancelledError:
             # Cancelled from outside (asyncio.run tearing down after a BaseException such as
             # Prefect's TerminationSignal, or a task group): the same hand-back as a stop,
-            # shielded so that the cancellation cannot interrupt it.
+            # shielded so that the cancellation cannot interrupt it. (A handler's own
+            # cancellation never gets here: PageRun makes it a failure. One of nobody's asking
+            # that does is logged by Slot.run, which restarts the slot.)
             with contextlib.suppress(psycopg.Error):
                 await asyncio.shield(self.hand_back(lease, job.cursor, run, progressed))
             raise
@@ -287,7 +305,12 @@ class Slot:
             # plain handler's thread cannot be stopped from outside), then it is let go.
             crew.release_when_stopped(lease, run)
             crew.report["lost"] += 1
-            log.warning("%s: lease lost (%s); stopped without writing more", describe(taken), lost)
+            log.warning(
+                "%s: lease lost (%s); its page is abandoned and nothing of it is saved; the lane "
+                "is let go once the page has stopped",
+                describe(taken),
+                lost,
+            )
             crew.emit("lease_lost", taken, error=str(lost))
         except Throttled as throttle:
             await self._throttle(lease, throttle)
@@ -332,9 +355,9 @@ class Slot:
                         "heartbeat refused: the job was taken over or cancelled"
                     ) from None
         except BaseException:
-            page.cancel()
+            run.stop()
             raise
-        return page_of(job.type, page.result())
+        return page_of(job.type, run.result())
 
     # -- finishing -------------------------------------------------------------------------
 
@@ -406,15 +429,14 @@ class Slot:
     async def _wait_for_rate(self, lease: Lease, seconds: float, cursor: str | None) -> None:
         taken = lease.job
         with contextlib.suppress(LeaseLost):
-            await lease.wait_for_rate(timedelta(seconds=seconds))
+            until = await lease.wait_for_rate(timedelta(seconds=seconds))
             self.crew.report["rate_limited"] += 1
             log.info(
-                "%s: lane %s has used its rate, back in line for %.1f s",
+                "%s: lane %s has used its rate, back in line until %s",
                 describe(taken),
                 taken.lane,
-                seconds,
+                until.isoformat(),
             )
-            until = datetime.now(UTC) + timedelta(seconds=seconds)
             self.crew.emit("handed_back", taken, status="pending", cursor=cursor, until=until)
 
     async def _over_budget(self, lease: Lease) -> None:
