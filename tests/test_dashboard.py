@@ -30,8 +30,7 @@ from dashboard_kit import (
 )
 from prometheus_client.parser import text_string_to_metric_families
 from psycopg import sql
-from test_security import _as
-from test_security import roles as documented_roles  # noqa: F401 (a fixture)
+from roles import dsn_as
 from workers import arrange, job_row, running_worker, wait_for
 
 from synclane import ConfigError, Job, Owner, Page, SyncLane, Throttled
@@ -569,13 +568,13 @@ def test_on_the_analyst_role_the_page_reads_and_its_changes_are_a_403_naming_the
     dsn: str,
     schema: str,
     db: psycopg.Connection,
-    documented_roles: dict[str, str],  # noqa: F811 (the fixture imported above)
+    roles: dict[str, str],
 ) -> None:
     """docs/operations.md: the dashboard runs as synclane_worker; on the read-only role the page
     still shows everything, and a change says which grants it lacks instead of "the database is
     not answering"."""
     for role, pause_status in (("analyst", 403), ("worker", 200)):
-        app = make_app(_as(dsn, documented_roles[role]), schema)
+        app = make_app(dsn_as(dsn, roles[role]), schema)
         products_queue(app)
         server = start(app)
         try:
