@@ -534,3 +534,30 @@ def test_an_event_line_says_what_happened_in_one_short_line() -> None:
         assert kind == "first_load_finished" or text.startswith(label), kind
     far = Event(kind="failed", until=at + timedelta(minutes=90), **job)
     assert line(far)[1].endswith("retry at 09:14:00 UTC (in 1.5 h)")
+
+
+def test_pause_and_resume_from_the_command_line_while_planning_goes_on(
+    run: Run, db: psycopg.Connection, schema: str
+) -> None:
+    code, out, _ = run("pause", "--queue", "shops", "--reason", "warehouse maintenance")
+    assert code == 0
+    assert re.fullmatch(
+        r"queue shops paused since \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC by \S+: "
+        r"warehouse maintenance; running jobs stop at their next page",
+        out.strip(),
+    )
+    pauses = sql.Identifier(schema, "queue_pauses")
+    assert db.execute(sql.SQL("SELECT queue, reason FROM {}").format(pauses)).fetchall() == [
+        ("shops", "warehouse maintenance")
+    ]
+    code, out, _ = run("plan")
+    assert (code, out.strip()) == (0, "shops: 9 new job(s)"), "planning goes on while paused"
+    jobs = sql.Identifier(schema, "jobs")
+    started = sql.SQL("SELECT count(*) FROM {} WHERE started_at IS NOT NULL").format(jobs)
+    code, _, _ = run("work", "--for", "1")
+    assert db.execute(started).fetchone() == (0,), "a paused queue started a job"
+    assert run("resume", "--queue", "shops")[1].strip() == "queue shops resumed"
+    assert db.execute(sql.SQL("SELECT count(*) FROM {}").format(pauses)).fetchone() == (0,)
+    assert run("resume", "--queue", "shops")[1].strip() == "queue shops was not paused"
+    code, _, err = run("pause", "--queue", "shops", "--reason", " ")
+    assert code == 2 and "reason" in err
