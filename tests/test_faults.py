@@ -459,7 +459,12 @@ def test_workers_keep_working_while_owner_sources_fail(
                 lambda: len(app.jobs(status="completed")) == 4, 15, "planned and manual jobs done"
             )
             wait_for(
-                lambda: "queue 'hangs_async'" in caplog.text, 5, "the hanging sources to time out"
+                lambda: all(
+                    f"planning queue {name} failed" in caplog.text
+                    for name in ("hangs", "hangs_async")
+                ),
+                5,
+                "both hanging sources to time out",
             )
             stopping = time.monotonic()
             worker.stop()
