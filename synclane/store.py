@@ -108,15 +108,65 @@ def check_schema_name(schema: object) -> str:
     return schema
 
 
+def compact(name: str, text: str) -> str:
+    """A statement as it is sent: its comments and indentation left out, a first line naming it
+    (what pg_stat_activity and the server's log show). psycopg converts a statement's
+    placeholders once and keeps the result for statements of at most 4 KiB only; take_front with
+    its comments is 7 KiB, and converting it at every execution cost a worker about 0.15 ms a
+    take (docs/performance.md)."""
+    lines = []
+    for line in text.splitlines():
+        code = line.strip()
+        cut = code.find("--")
+        while cut >= 0 and code.count("'", 0, cut) % 2:  # "--" inside a string literal stays
+            cut = code.find("--", cut + 2)
+        if cut >= 0:
+            code = code[:cut].rstrip()
+        if code:
+            lines.append(code)
+    return "\n".join([f"-- synclane: {name}", *lines])
+
+
+_PLACEHOLDER = re.compile(r"%\((\w+)\)s|%%")
+
+
+def positional(text: str) -> tuple[str, tuple[str, ...]]:
+    """A statement with PostgreSQL's own placeholders ($1, $2 …) for its named ones, and the
+    names in their order: what a raw cursor sends as it is, with no conversion at all."""
+    names: list[str] = []
+
+    def number(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name is None:
+            return "%"
+        if name not in names:
+            names.append(name)
+        return f"${names.index(name) + 1}"
+
+    return _PLACEHOLDER.sub(number, text), tuple(names)
+
+
 class Store:
     """The statements, rendered once for one schema, and the schema's version."""
 
     def __init__(self, schema: str) -> None:
         self.schema = check_schema_name(schema)
-        self._queries = {name: render(text, self.schema) for name, text in QUERIES.items()}
+        self._queries = {
+            name: render(compact(name, text), self.schema) for name, text in QUERIES.items()
+        }
+        self._positional: dict[str, tuple[sql.Composed, tuple[str, ...]]] = {}
 
     def query(self, name: str) -> sql.Composed:
         return self._queries[name]
+
+    def positional(self, name: str) -> tuple[sql.Composed, tuple[str, ...]]:
+        """A statement for a raw cursor (psycopg's RawCursor), and the names of its parameters
+        in order. The worker's two take statements run so: each is over the 4 KiB up to which
+        psycopg keeps a statement's conversion, and they run for every job."""
+        if name not in self._positional:
+            text, names = positional(compact(name, QUERIES[name]))
+            self._positional[name] = (render(text, self.schema), names)
+        return self._positional[name]
 
     # -- schema ---------------------------------------------------------------------------
 

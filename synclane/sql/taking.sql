@@ -111,10 +111,22 @@ next AS (
     RETURNING j.id, j.queue, j.owner, j.lane, j.type, j.mode, j.window_start, j.window_end,
               j.cursor, j.attempt_count, j.throttle_count, j.processed_count, j.lease_token, j.stalls,
               tokened.status AS previous_status, j.priority
+),
+unparked AS (
+    -- unpark_lane, written out for the lanes of the completions: a lane parked as busy gets its
+    -- hint back, its earliest open job other than those taken here (they run from now on). In
+    -- the statement rather than a call per row, which would plan the function's body anew at
+    -- every execution and cost as much as the rest of the take
+    UPDATE {schema}.lanes l
+    SET due_at = (SELECT min(j.next_run_at) FROM {schema}.jobs j
+                  WHERE j.queue = l.queue AND j.lane = l.lane
+                    AND j.status IN ('pending', 'failed', 'deferred')
+                    AND j.id <> ALL (ARRAY(SELECT id FROM taken)))
+    FROM (SELECT DISTINCT queue, lane FROM done) d
+    WHERE l.queue = d.queue AND l.lane = d.lane AND l.due_at IS NULL
 )
 SELECT ARRAY(SELECT id FROM done) AS completed, next.*
 FROM (SELECT) AS one
-CROSS JOIN (SELECT sum({schema}.unpark_lane(queue, lane, NULL, id)) FROM done) AS unparked
 LEFT JOIN next ON true
 ORDER BY next.priority, next.window_start DESC NULLS LAST, next.id;
 

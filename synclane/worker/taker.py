@@ -106,7 +106,7 @@ async def take_front(
     was written then, the completions included."""
     if tokens is None:
         tokens = [uuid4() for _ in range(plain + len(finished))]
-    cur = conn.cursor(row_factory=dict_row)
+    cur = psycopg.AsyncRawCursor(conn, row_factory=dict_row)
     params = {
         "tokens": list(tokens),
         "lane_width": lane_width,
@@ -120,7 +120,8 @@ async def take_front(
         "done_tokens": [job.token for job in finished],
         "done_counts": [job.count for job in finished],
     }
-    await cur.execute(store.query("take_front"), params)
+    query, names = store.positional("take_front")
+    await cur.execute(query, [params[name] for name in names])
     rows = await cur.fetchall()
     jobs = []
     completed: list[int] = []
@@ -145,7 +146,7 @@ async def take_by_lane(
     """One job from the lanes whose hint says a job may be due: for when the front of the line
     waits behind busy lanes. Also whether a look again may find one (this look read a full
     batch of lanes, parking or moving each). Raises UniqueViolation like take_front."""
-    cur = conn.cursor(row_factory=dict_row)
+    cur = psycopg.AsyncRawCursor(conn, row_factory=dict_row)
     params = {
         "queue": queue,
         "worker": worker,
@@ -155,7 +156,8 @@ async def take_by_lane(
         "max_running": max_running,
         "visit": LANES_A_LOOK,
     }
-    await cur.execute(store.query("take_by_lane"), params)
+    query, names = store.positional("take_by_lane")
+    await cur.execute(query, [params[name] for name in names])
     row = await cur.fetchone()
     assert row is not None, "take_by_lane always answers one row"
     looked = row.pop("looked")
