@@ -54,11 +54,13 @@ front AS (
     WHERE (SELECT count(*) FROM {schema}.jobs r
            WHERE r.queue = %(queue)s AND r.lane = c.lane AND r.status = 'running'
              AND r.id <> ALL (%(done_ids)s::bigint[])) < %(lane_width)s
-      AND NOT EXISTS (SELECT FROM {schema}.jobs h
-                      WHERE h.queue = %(queue)s AND h.lane = c.lane AND h.status <> 'running'
-                        AND h.lease_token IS NOT NULL AND h.lease_expires_at > now())
-      AND NOT EXISTS (SELECT FROM {schema}.lanes p
-                      WHERE p.queue = %(queue)s AND p.lane = c.lane AND p.paused_until > now())
+      -- scalar subqueries, not NOT EXISTS: an anti-join may read every lane of the queue (a
+      -- generic plan did, 30 ms a take at 100,000 lanes); these look up each lane of the front
+      AND (SELECT count(*) FROM {schema}.jobs h
+           WHERE h.queue = %(queue)s AND h.lane = c.lane AND h.status <> 'running'
+             AND h.lease_token IS NOT NULL AND h.lease_expires_at > now()) = 0
+      AND coalesce((SELECT p.paused_until FROM {schema}.lanes p
+                    WHERE p.queue = %(queue)s AND p.lane = c.lane), '-infinity') <= now()
 ),
 taken AS (
     -- the limit reads the completions first, so they have freed their slots in the running-lane
