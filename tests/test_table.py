@@ -14,7 +14,7 @@ from psycopg import errors, sql
 from workers import operations_sql
 
 from synclane import Job, Owner, Page, SchemaError, SyncLane
-from synclane.store import SCHEMA_VERSION, schema_ddl
+from synclane.store import QUERIES, SCHEMA_VERSION, Store, compact, positional, schema_ddl
 
 DOCS_SCHEMA = Path(__file__).resolve().parent.parent / "docs" / "schema.sql"
 
@@ -345,3 +345,37 @@ def test_a_schema_name_with_quotes_and_spaces_is_an_identifier(dsn, db):
     finally:
         lane.close()
         db.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(weird)))
+
+
+def test_a_statement_is_sent_without_its_comments_and_named_on_its_first_line():
+    text = """-- what it does
+SELECT 'a -- b' AS kept,  -- a trailing note
+       '--' || x AS also  -- another
+FROM t
+    -- an indented note
+WHERE y = 'it''s -- here'"""
+
+    assert compact("probe", text) == (
+        "-- synclane: probe\n"
+        "SELECT 'a -- b' AS kept,\n"
+        "'--' || x AS also\n"
+        "FROM t\n"
+        "WHERE y = 'it''s -- here'"
+    )
+
+
+def test_every_statement_fits_psycopgs_cache_except_the_ones_run_raw():
+    # psycopg keeps the conversion of statements up to 4 KiB; the two take statements, which
+    # are longer, run through a raw cursor instead (positional placeholders, no conversion)
+    store = Store("synclane")
+    long = {
+        name for name in QUERIES if len(store.query(name).as_string(None).encode("utf-8")) > 4096
+    }
+    assert long <= {"take_front", "take_by_lane"}, long
+
+
+def test_positional_numbers_each_name_once_in_order_of_first_use():
+    text, names = positional("SELECT %(a)s, %(b)s, %(a)s, 100 %% 7")
+
+    assert text == "SELECT $1, $2, $1, 100 % 7"
+    assert names == ("a", "b")
