@@ -224,6 +224,34 @@ def test_a_paused_queue_is_seen_by_every_process_and_its_running_job_goes_back_a
     app.close()
 
 
+def test_a_run_until_idle_ends_when_only_a_paused_queue_has_work(
+    app: SyncLane, db: psycopg.Connection[Any], schema: str
+) -> None:
+    """A paused queue's jobs are not due: a scheduled run until idle (Prefect, Dagster, `synclane
+    work --until-idle`) ends instead of waiting for the resume until its time limit."""
+    queue = app.queue("q")
+    other = app.queue("other")
+
+    @queue.snapshot("sync", every=3600)
+    @other.snapshot("sync", every=3600)
+    def sync(job: Any) -> Page:
+        return Page(None, 1)
+
+    held = app.enqueue("q", "acme", "sync")
+    app.pause("q", "the warehouse is down for maintenance")
+    done = app.enqueue("other", "globex", "sync")
+    started = time.monotonic()
+
+    report = app.run_worker(until_idle=True, idle_grace=0, stop_after=30)
+
+    assert time.monotonic() - started < 15, "the run waited for a resume"
+    assert report == {"completed": 1}
+    assert job_row(db, schema, done)["status"] == "completed"
+    assert job_row(db, schema, held)["status"] == "pending", "a paused queue started a job"
+    app.resume("q")
+    assert app.run_worker(until_idle=True, idle_grace=0, stop_after=30) == {"completed": 1}
+
+
 def test_a_version_2_running_lane_index_is_replaced_by_the_slotted_one(
     app: SyncLane, db: psycopg.Connection[Any], dsn: str, schema: str
 ) -> None:

@@ -505,9 +505,12 @@ WHERE {schema}.unpark_lane(
 -- name: idle_check
 -- how many jobs of these queues run now, in any process, and how long until the next open one
 -- is due (NULL: nothing open that a worker could take); a worker working "until idle" stops when
--- nothing runs and nothing is due within its grace period
+-- nothing runs and nothing is due within its grace period. A paused queue's jobs are not due:
+-- nothing takes them until it is resumed, so a run until idle ends instead of waiting for that
 SELECT count(*) FILTER (WHERE status = 'running') AS running,
-       min(next_run_at) FILTER (WHERE status IN ('pending', 'failed', 'deferred')) - now()
+       min(next_run_at) FILTER (
+           WHERE status IN ('pending', 'failed', 'deferred')
+             AND queue NOT IN (SELECT p.queue FROM {schema}.queue_pauses p)) - now()
            AS next_due_in
 FROM {schema}.jobs
 WHERE queue = ANY (%(queues)s::text[]) AND status IN ('pending', 'running', 'failed', 'deferred');
