@@ -168,6 +168,36 @@ def test_no_period_sees_more_page_starts_in_a_lane_than_its_rate_while_other_lan
     assert (last_a - first_a).total_seconds() >= 4.5  # 24 starts at 4 a second take 5 s
 
 
+def test_page_starts_asked_together_are_counted_in_one_statement_lane_by_lane(
+    app: SyncLane, db: psycopg.Connection[Any]
+) -> None:
+    """Slots whose pages start at once share one statement: each start is counted against its
+    own lane, a second start in a lane of rate 1 waits, and the answers keep the order asked
+    (the statement counts lanes in their order, so that two workers never deadlock)."""
+    second = timedelta(seconds=1)
+    rows = db.execute(
+        app.store.query("lane_page_starts"),
+        {
+            "queues": ["q", "q", "q", "q"],
+            "lanes": ["zeta", "acme", "zeta", "globex"],
+            "counts": [1, 1, 1, 2],
+            "periods": [second, second, second, second],
+            "units": [1, 1, 1, 2],
+            "forces": [False, False, False, False],
+        },
+    ).fetchall()
+
+    waits = [row[0] for row in rows]
+    assert waits[0] == 0 and waits[1] == 0 and waits[3] == 0
+    assert 0 < waits[2] <= 1, "the second start in zeta (rate 1 a second) must wait"
+    starts = db.execute(
+        sql.SQL("SELECT lane, cardinality(starts) FROM {} ORDER BY lane").format(
+            sql.Identifier(app.store.schema, "lanes")
+        )
+    ).fetchall()
+    assert starts == [("acme", 1), ("globex", 2), ("zeta", 1)]
+
+
 def test_a_lane_rate_is_changed_without_a_deploy(
     app: SyncLane, db: psycopg.Connection[Any], schema: str
 ) -> None:

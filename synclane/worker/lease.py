@@ -90,6 +90,18 @@ class PageSave:
     count: int
 
 
+@dataclass(frozen=True)
+class PageStart:
+    """One slot's page start to count against its lane's rate: `units` starts (force: count
+    them whatever the room, for calls a page made beyond the one it announced)."""
+
+    queue: str
+    lane: str
+    rate: Rate
+    units: int
+    force: bool
+
+
 SAVES = 2
 
 
@@ -106,6 +118,8 @@ class PageWrites:
         # than waiting for that one's commit (docs/performance.md measures both).
         self.saves: Shared[PageSave, tuple[bool, bool]] = Shared(self._save, in_flight=SAVES)
         self.beats: Shared[tuple[int, UUID], bool] = Shared(self._beat)
+        # Page starts under a lane rate that fall due together share one statement too.
+        self.starts: Shared[PageStart, float] = Shared(self._start)
 
     async def save(self, page: PageSave) -> tuple[bool, bool]:
         """(saved, the queue is paused)."""
@@ -114,9 +128,14 @@ class PageWrites:
     async def beat(self, job_id: int, token: UUID) -> bool:
         return await self.beats.ask((job_id, token))
 
+    async def start(self, start: PageStart) -> float:
+        """0 when the page may start now (counted), else the seconds until its lane has room."""
+        return await self.starts.ask(start)
+
     async def idle(self) -> None:
         await self.saves.idle()
         await self.beats.idle()
+        await self.starts.idle()
 
     @property
     def _patience(self) -> float:
@@ -139,6 +158,22 @@ class PageWrites:
             return [(bool(saved), bool(paused)) for saved, paused in await cur.fetchall()]
 
         return await self.writer.run("save_pages", statement, self._patience)
+
+    async def _start(self, starts: list[PageStart]) -> list[float]:
+        params = {
+            "queues": [start.queue for start in starts],
+            "lanes": [start.lane for start in starts],
+            "counts": [start.rate.count for start in starts],
+            "periods": [start.rate.per for start in starts],
+            "units": [start.units for start in starts],
+            "forces": [start.force for start in starts],
+        }
+
+        async def statement(conn: psycopg.AsyncConnection[Any]) -> list[float]:
+            cur = await conn.execute(self.writer.store.query("lane_page_starts"), params)
+            return [float(row[0]) for row in await cur.fetchall()]
+
+        return await self.writer.run("lane_page_starts", statement, self._patience)
 
     async def _beat(self, jobs: list[tuple[int, UUID]]) -> list[bool]:
         params = {
@@ -266,22 +301,9 @@ class Lease:
 
     async def page_start(self, rate: Rate, units: int = 1, *, force: bool = False) -> float:
         """Counts a page start against the lane's rate: 0 when the page may start now, else
-        how many seconds until the lane has room (nothing counted then)."""
-        params = {
-            "queue": self.job.queue,
-            "lane": self.job.lane,
-            "count": rate.count,
-            "period": rate.per,
-            "units": units,
-            "force": force,
-        }
-
-        async def statement(conn: psycopg.AsyncConnection[Any]) -> float:
-            cur = await conn.execute(self.writer.store.query("lane_page_start"), params)
-            row = await cur.fetchone()
-            return float(row[0]) if row else 0.0
-
-        return await self.writer.run("lane_page_start", statement, self._patience)
+        how many seconds until the lane has room (nothing counted then). Slots whose pages
+        start at the same instant share the statement (PageWrites.start)."""
+        return await self.pages.start(PageStart(self.job.queue, self.job.lane, rate, units, force))
 
     async def hold(self) -> bool:
         """Renews a lost lease whose page is still in flight, so that its lane stays held; no
