@@ -23,7 +23,14 @@ from typing import TYPE_CHECKING, Any
 from rich import box
 from rich.console import Console
 from rich.logging import RichHandler
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    Task,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.table import Table
 from rich.text import Text
 
@@ -135,7 +142,7 @@ class Terminal:
             BarColumn(),
             MofNCompleteColumn(),
             TextColumn("jobs done"),
-            TimeElapsedColumn(),
+            RunningClock(),
             console=self.err,
             refresh_per_second=4,
             transient=False,
@@ -159,6 +166,18 @@ class Terminal:
                 thread.join(timeout=5)
                 done, total = bar.read()
                 shown.update(task, completed=done, total=max(total, done))
+
+
+class RunningClock(TimeElapsedColumn):
+    """The time since the bar started. Rich's own column stops the first time the count
+    reaches the total, but a worker goes on: new jobs come (a refresh, a retry) and the total
+    grows again, so this one runs until the bar ends."""
+
+    def render(self, task: Task) -> Text:
+        elapsed = task.elapsed
+        if elapsed is None:
+            return Text("-:--:--", style="progress.elapsed")
+        return Text(str(timedelta(seconds=int(elapsed))), style="progress.elapsed")
 
 
 class JobsBar:

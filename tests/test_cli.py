@@ -14,9 +14,11 @@ import psycopg
 import pytest
 from command_line import Run
 from psycopg import sql
+from rich.progress import Progress, TimeElapsedColumn
 
 from synclane import cli
 from synclane.store import SCHEMA_VERSION
+from synclane.terminal import RunningClock
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent
@@ -561,3 +563,17 @@ def test_pause_and_resume_from_the_command_line_while_planning_goes_on(
     assert run("resume", "--queue", "shops")[1].strip() == "queue shops was not paused"
     code, _, err = run("pause", "--queue", "shops", "--reason", " ")
     assert code == 2 and "reason" in err
+
+
+def test_the_bars_clock_keeps_running_while_the_count_equals_the_total() -> None:
+    # Rich's elapsed column stands still while a task is complete; a worker's bar is complete
+    # whenever every open job is done (the demo waiting for the shop's fix), and the worker runs on
+    now = [0.0]
+    shown = Progress(get_time=lambda: now[0])
+    task = shown.add_task("shops", total=2)
+    now[0] = 1.0
+    shown.update(task, completed=2)
+    now[0] = 75.0
+
+    assert str(RunningClock().render(shown.tasks[0])) == "0:01:15"
+    assert str(TimeElapsedColumn().render(shown.tasks[0])) == "0:00:01", "rich's stands still"
