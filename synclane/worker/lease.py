@@ -154,7 +154,7 @@ class PageWrites:
         }
 
         async def statement(conn: psycopg.AsyncConnection[Any]) -> list[tuple[bool, bool]]:
-            cur = await conn.execute(self.writer.store.query("save_pages"), params)
+            cur = await conn.execute(self.writer.store.query("save_pages"), params, prepare=True)
             return [(bool(saved), bool(paused)) for saved, paused in await cur.fetchall()]
 
         return await self.writer.run("save_pages", statement, self._patience)
@@ -170,7 +170,9 @@ class PageWrites:
         }
 
         async def statement(conn: psycopg.AsyncConnection[Any]) -> list[float]:
-            cur = await conn.execute(self.writer.store.query("lane_page_starts"), params)
+            cur = await conn.execute(
+                self.writer.store.query("lane_page_starts"), params, prepare=True
+            )
             return [float(row[0]) for row in await cur.fetchall()]
 
         return await self.writer.run("lane_page_starts", statement, self._patience)
@@ -183,7 +185,7 @@ class PageWrites:
         }
 
         async def statement(conn: psycopg.AsyncConnection[Any]) -> set[int]:
-            cur = await conn.execute(self.writer.store.query("heartbeats"), params)
+            cur = await conn.execute(self.writer.store.query("heartbeats"), params, prepare=True)
             return {row[0] for row in await cur.fetchall()}
 
         renewed = await self.writer.run("heartbeats", statement, self._patience)

@@ -121,7 +121,9 @@ async def take_front(
         "done_counts": [job.count for job in finished],
     }
     query, names = store.positional("take_front")
-    await cur.execute(query, [params[name] for name in names])
+    # Prepared at its first execution: psycopg would wait for the fifth of each combination of
+    # parameter types (an empty list or none, small or large numbers) and plan each before it.
+    await cur.execute(query, [params[name] for name in names], prepare=True)
     rows = await cur.fetchall()
     jobs = []
     completed: list[int] = []
@@ -157,7 +159,7 @@ async def take_by_lane(
         "visit": LANES_A_LOOK,
     }
     query, names = store.positional("take_by_lane")
-    await cur.execute(query, [params[name] for name in names])
+    await cur.execute(query, [params[name] for name in names], prepare=True)
     row = await cur.fetchone()
     assert row is not None, "take_by_lane always answers one row"
     looked = row.pop("looked")
