@@ -11,6 +11,10 @@
   period began, which plans one refresh for every owner.
 - **First plan** of `--first` owners × 25 history slices and a refresh, in a process of its own
   (the round a worker runs on an empty table): time and peak RSS. Goal: < 30 s, < 300 MiB.
+- **The insert's floor**: the first plan's insert for a twentieth of `--first` owners into a
+  jobs table taken apart (primary key only; then the lane-hint trigger, the dedup index, ON
+  CONFLICT, the other indexes added back): what each piece costs, and the rate a first plan can
+  reach at best on this server.
 - **Retention**: `--days` simulated days of refreshes every 15 minutes for `--prune-owners`
   owners, pruned each day with a retention of `--keep` days: rows and bytes per day (flat after
   day `--keep`). Then one prune of a table that holds all `--days` days at once.
@@ -243,6 +247,76 @@ def relation_sizes(conn: psycopg.Connection[Any], schema: str) -> dict[str, Any]
         [schema, sql.Identifier(schema, "jobs").as_string(conn)],
     ).fetchall()
     return {"rows": rows[0] if rows else 0, "bytes": dict(found)}
+
+
+# What one planned row costs to insert, piece by piece: the floor under the first plan. The same
+# rows as a first plan (25 history slices and a refresh an owner), inserted by one statement into
+# a fresh jobs table from which the pieces are taken away: the trigger that keeps lane hints, the
+# dedup index (the promise that a planned job is created once) and ON CONFLICT DO NOTHING (the
+# speculative insertion that lets racing planners meet on it), then the other 14 indexes.
+FIRST_ROWS = """
+INSERT INTO {jobs} (queue, owner, lane, type, mode, priority, window_start, window_end,
+                    dedup_key, next_run_at)
+SELECT 'shops', 'owner-' || o, 'owner-' || o, 'orders', 'initial', 0,
+       timestamptz '2026-01-01' - d * interval '1 day',
+       timestamptz '2026-01-01' - (d - 1) * interval '1 day', 'initial:' || d, now()
+FROM generate_series(1, %(owners)s) o, generate_series(1, 26) d
+"""
+QUERY_INDEXES = (
+    "jobs_running_lane",
+    "jobs_running_queue_slot",
+    "jobs_claim_order",
+    "jobs_claim_lane",
+    "jobs_open_lanes",
+    "jobs_open_owner",
+    "jobs_owner_window",
+    "jobs_owner_created",
+    "jobs_held_lease",
+    "jobs_unfinished",
+    "jobs_history",
+    "jobs_history_unloaded",
+    "jobs_waiting",
+    "jobs_abandoned",
+)
+
+
+def insert_floor(dsn: str, owners: int) -> list[str]:
+    """Rows per second of the first plan's insert as the table's pieces are added back."""
+    steps = [
+        ("the table and its primary key", False, False, False, False),
+        ("+ the lane-hint trigger", True, False, False, False),
+        ("+ the dedup index", True, True, False, False),
+        ("+ ON CONFLICT DO NOTHING", True, True, True, False),
+        ("+ the 14 other indexes (the table as shipped)", True, True, True, True),
+    ]
+    rows = owners * 26
+    lines = []
+    for label, trigger, dedup, conflict, indexes in steps:
+        with fresh_schema(dsn, "bench_floor") as schema:
+            SyncLane(dsn, schema=schema).close()
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                drop = [] if indexes else list(QUERY_INDEXES)
+                drop += [] if dedup else ["jobs_dedup_key"]
+                for index in drop:
+                    conn.execute(sql.SQL("DROP INDEX {}").format(sql.Identifier(schema, index)))
+                if not trigger:
+                    conn.execute(
+                        sql.SQL("DROP TRIGGER jobs_hint_lanes ON {}").format(
+                            sql.Identifier(schema, "jobs")
+                        )
+                    )
+                statement = sql.SQL(
+                    FIRST_ROWS + (" ON CONFLICT DO NOTHING" if conflict else "")
+                ).format(jobs=sql.Identifier(schema, "jobs"))
+                started = time.perf_counter()
+                conn.execute(statement, {"owners": owners})
+                elapsed = time.perf_counter() - started
+        lines.append(
+            f"insert of {rows:,} planned rows, {label}: {elapsed:.2f} s "
+            f"({rows / elapsed:,.0f} rows/s)"
+        )
+    lines.append("(the first-plan goal, 2,600,000 rows in < 30 s, is 86,667 rows/s)")
+    return lines
 
 
 # -- retention ---------------------------------------------------------------------------------
@@ -516,6 +590,7 @@ def main(
         )
     for measure in (
         lambda: first_plan_lines(first),
+        lambda: insert_floor(dsn, max(first // 20, 10)),
         lambda: retention(dsn, prune_owners, days, keep),
         lambda: prune_month(dsn, prune_owners, days, keep),
         lambda: costs(dsn, cost_jobs),
