@@ -204,14 +204,39 @@ def _scans(plan: dict[str, Any]) -> list[dict[str, Any]]:
     return [plan, *(node for child in plan.get("Plans", []) for node in _scans(child))]
 
 
+def _generic_plan(dsn: str, schema: str, statement: str, params: dict[str, Any]) -> Any:
+    """The plan a worker's connection runs `statement` with: prepared, generic."""
+    query, names = Store(schema).positional(statement)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for setting in WORKER_SESSION:
+            conn.execute(setting)
+        conn.execute(sql.SQL("PREPARE probe AS {}").format(query))
+        arguments = sql.SQL(", ").join(sql.Literal(params[name]) for name in names)
+        explain = sql.SQL("EXPLAIN (FORMAT JSON) EXECUTE probe({})").format(arguments)
+        (plan,) = conn.execute(explain).fetchone()  # type: ignore[misc]
+    return plan[0]["Plan"]
+
+
+def _many_lanes(db: psycopg.Connection[Any], schema: str) -> None:
+    _insert(db, schema, [f"lane-{n % 2000}" for n in range(4000)])
+    db.execute(sql.SQL("ANALYZE {}").format(sql.Identifier(schema, "jobs")))
+    db.execute(sql.SQL("ANALYZE {}").format(sql.Identifier(schema, "lanes")))
+
+
+def _by_lane(plan: dict[str, Any], aliases: set[str]) -> None:
+    checks = [node for node in _scans(plan) if node.get("Alias") in aliases]
+    assert {node["Alias"] for node in checks} == aliases, "the plan makes every check"
+    for node in checks:
+        assert "lane" in node.get("Index Cond", ""), (
+            f"{node['Node Type']} on {node.get('Alias')} reads every lane of the queue: {node}"
+        )
+
+
 def test_the_generic_plan_of_the_take_looks_up_each_lane_by_key(app, dsn, db, schema):
     """A worker runs take_front on a generic plan. Its checks of a lane's pause and of leases
     still held in the lane once were anti-joins over every lane of the queue (30 ms a take at
     100,000 lanes): each must be a lookup of the one lane, whatever the table holds."""
-    _insert(db, schema, [f"lane-{n % 2000}" for n in range(4000)])
-    db.execute(sql.SQL("ANALYZE {}").format(sql.Identifier(schema, "jobs")))
-    db.execute(sql.SQL("ANALYZE {}").format(sql.Identifier(schema, "lanes")))
-    query, names = Store(schema).positional("take_front")
+    _many_lanes(db, schema)
     params = {
         "queue": "shops",
         "worker": "worker-1",
@@ -225,16 +250,20 @@ def test_the_generic_plan_of_the_take_looks_up_each_lane_by_key(app, dsn, db, sc
         "lane_width": 1,
         "max_running": None,
     }
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        for setting in WORKER_SESSION:
-            conn.execute(setting)
-        conn.execute(sql.SQL("PREPARE take AS {}").format(query))
-        arguments = sql.SQL(", ").join(sql.Literal(params[name]) for name in names)
-        explain = sql.SQL("EXPLAIN (FORMAT JSON) EXECUTE take({})").format(arguments)
-        (plan,) = conn.execute(explain).fetchone()  # type: ignore[misc]
-    checks = [node for node in _scans(plan[0]["Plan"]) if node.get("Alias") in ("p", "h")]
-    assert {node["Alias"] for node in checks} == {"p", "h"}, "the plan checks pauses and leases"
-    for node in checks:
-        assert "lane" in node.get("Index Cond", ""), (
-            f"{node['Node Type']} on {node.get('Alias')} reads every lane of the queue: {node}"
-        )
+    _by_lane(_generic_plan(dsn, schema, "take_front", params), {"p", "h"})
+
+
+def test_the_generic_plan_of_a_look_lane_by_lane_reads_each_lane_by_key(app, dsn, db, schema):
+    """The same for take_by_lane: each lane it visits is looked up (its running jobs, held
+    leases, best due job, deferred job, other open jobs), never a read of the queue's jobs."""
+    _many_lanes(db, schema)
+    params = {
+        "queue": "shops",
+        "worker": "worker-1",
+        "lease": LEASE,
+        "token": uuid4(),
+        "lane_width": 1,
+        "max_running": None,
+        "visit": 256,
+    }
+    _by_lane(_generic_plan(dsn, schema, "take_by_lane", params), {"h", "j", "d", "o"})

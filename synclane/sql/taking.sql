@@ -158,9 +158,11 @@ looked AS MATERIALIZED (
            (SELECT count(*) FROM {schema}.jobs r
             WHERE r.queue = %(queue)s AND r.lane = c.lane AND r.status = 'running')
                >= %(lane_width)s
-           OR EXISTS (SELECT FROM {schema}.jobs h
-                      WHERE h.queue = %(queue)s AND h.lane = c.lane AND h.status <> 'running'
-                        AND h.lease_token IS NOT NULL AND h.lease_expires_at > now()) AS busy,
+           -- a scalar subquery, not EXISTS: that one may be hashed, a read of every held
+           -- lease of the queue; this looks up the lane
+           OR (SELECT count(*) FROM {schema}.jobs h
+               WHERE h.queue = %(queue)s AND h.lane = c.lane AND h.status <> 'running'
+                 AND h.lease_token IS NOT NULL AND h.lease_expires_at > now()) > 0 AS busy,
            CASE WHEN c.paused THEN NULL ELSE (SELECT head.id FROM (
                 (SELECT j.id, j.priority, j.window_start FROM {schema}.jobs j
                  WHERE j.queue = %(queue)s AND j.lane = c.lane
@@ -170,10 +172,15 @@ looked AS MATERIALIZED (
                 (SELECT d.id, d.priority, d.window_start FROM {schema}.jobs d
                  WHERE d.queue = %(queue)s AND d.lane = c.lane
                    AND d.status = 'deferred' AND d.next_run_at <= now()
-                   AND NOT EXISTS (
-                       SELECT 1 FROM {schema}.jobs o
-                       WHERE o.queue = %(queue)s AND o.lane = c.lane
-                         AND o.status IN ('pending', 'failed', 'running'))
+                   -- nothing else of the lane open or running: two lookups, each in an
+                   -- index of its own (no index holds both), where one NOT EXISTS over the
+                   -- three statuses was planned as a read of the whole table per lane
+                   AND (SELECT 1 FROM {schema}.jobs o
+                        WHERE o.queue = %(queue)s AND o.lane = c.lane
+                          AND o.status IN ('pending', 'failed') LIMIT 1) IS NULL
+                   AND (SELECT 1 FROM {schema}.jobs o
+                        WHERE o.queue = %(queue)s AND o.lane = c.lane
+                          AND o.status = 'running' LIMIT 1) IS NULL
                  ORDER BY d.priority, d.window_start DESC NULLS LAST, d.id LIMIT 1)
                 LIMIT 1) head) END AS head
     FROM candidates c
