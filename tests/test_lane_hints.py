@@ -176,3 +176,70 @@ def test_a_job_that_stops_while_a_look_parks_its_lane_still_brings_its_hint_back
     assert hint(db, schema, "acme") is not None, "the lane's open job is hidden from every look"
     job, _ = look(app, dsn)
     assert job is not None and job.id == waiting
+
+
+def test_a_held_lease_whose_worker_died_lets_go_of_its_lane_and_brings_its_hint_back(
+    app: SyncLane, dsn: str, db: psycopg.Connection[Any], schema: str
+) -> None:
+    """A cancelled job requeued while its page was in flight keeps its lane held by the old
+    lease, and a look parks that lane. When the worker holding it dies, the lease expires and
+    no stop of a running job comes to un-park the lane: the lease reclaim lets go of it."""
+    queue = app.queue("q")
+
+    @queue.snapshot("sync", every=DAY)
+    def sync(job: Job) -> Page:
+        return Page(None, 1)
+
+    jobs = sql.Identifier(schema, "jobs")
+    requeued = app.enqueue("q", "first", "sync", lane="acme")
+    db.execute(
+        sql.SQL(
+            "UPDATE {} SET lease_token = %s, leased_by = 'dead', "
+            "lease_expires_at = now() + interval '1 hour' WHERE id = %s"
+        ).format(jobs),
+        [uuid4(), requeued],
+    )
+    assert look(app, dsn) == (None, False)  # the live lease holds acme: the look parks it
+    assert hint(db, schema, "acme") is None
+    db.execute(
+        sql.SQL(
+            "UPDATE {} SET lease_expires_at = now() - interval '1 second' WHERE id = %s"
+        ).format(jobs),
+        [requeued],
+    )
+    assert look(app, dsn) == (None, False), "parked: no look reads the lane any more"
+
+    released = db.execute(app.store.query("release_expired_holds"), {"queue": "q"}).fetchall()
+
+    assert released == [(requeued,)]
+    assert job_row(db, schema, requeued)["lease_token"] is None
+    assert hint(db, schema, "acme") is not None
+    job, _ = look(app, dsn)
+    assert job is not None and job.id == requeued, "a look finds the lane again and takes it"
+
+
+def test_a_worker_lets_go_of_expired_held_leases_as_it_reclaims(
+    app: SyncLane, db: psycopg.Connection[Any], schema: str
+) -> None:
+    queue = app.queue("q")
+
+    @queue.snapshot("sync", every=DAY)
+    def sync(job: Job) -> Page:
+        return Page(None, 1)
+
+    jobs, lanes = sql.Identifier(schema, "jobs"), sql.Identifier(schema, "lanes")
+    later = app.enqueue("q", "first", "sync", lane="acme")
+    db.execute(
+        sql.SQL(
+            "UPDATE {} SET lease_token = %s, leased_by = 'dead', next_run_at = now() + "
+            "interval '1 hour', lease_expires_at = now() - interval '1 second' WHERE id = %s"
+        ).format(jobs),
+        [uuid4(), later],
+    )
+    db.execute(sql.SQL("UPDATE {} SET due_at = NULL").format(lanes))  # parked by a look
+
+    app.run_worker(until_idle=True, idle_grace=0, stop_after=20)
+
+    row = job_row(db, schema, later)
+    assert row["lease_token"] is None and row["status"] == "pending"
+    assert hint(db, schema, "acme") == row["next_run_at"]

@@ -531,6 +531,23 @@ FROM reclaimed
 WHERE {schema}.unpark_lane(
     queue, lane, CASE WHEN status <> 'abandoned' THEN next_run_at END, id) >= 0;
 
+-- name: release_expired_holds
+-- leases still held on jobs that stopped running (a cancelled job whose page was in flight,
+-- hold_lease) whose worker stopped renewing them: they let go, like release_cancelled, and their
+-- lanes get their hints back (a look that found the live lease parked the lane, and no stop of
+-- a running job will come to un-park it). The dead worker's late writes find no lease
+WITH released AS (
+    UPDATE {schema}.jobs
+    SET leased_by = NULL, lease_token = NULL, lease_expires_at = NULL
+    WHERE queue = %(queue)s AND status <> 'running' AND lease_token IS NOT NULL
+      AND lease_expires_at < now()
+    RETURNING id, queue, lane, status, next_run_at
+)
+SELECT id FROM released
+WHERE {schema}.unpark_lane(
+    queue, lane, CASE WHEN status IN ('pending', 'failed', 'deferred') THEN next_run_at END, id
+) >= 0;
+
 -- name: idle_check
 -- how many jobs of these queues run now, in any process, and how long until the next open one
 -- is due (NULL: nothing open that a worker could take); a worker working "until idle" stops when

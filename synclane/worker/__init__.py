@@ -519,7 +519,11 @@ class Worker:
                         cur = await conn.execute(store.query("reclaim_expired"), params)
                         rows = await cur.fetchall()
                         names = [d.name for d in cur.description or []]
-                        if rows:  # back in line and due: idle workers elsewhere may take them
+                        released = await conn.execute(
+                            store.query("release_expired_holds"), {"queue": queue.name}
+                        )
+                        freed = await released.fetchall()
+                        if rows or freed:  # due again: idle workers elsewhere may take them
                             await notify_work_async(conn, store, [queue.name])
                 except psycopg.Error as error:
                     log.warning("reclaiming expired leases failed: %s", error_text(error))
@@ -530,6 +534,6 @@ class Worker:
                     job = SimpleNamespace(queue=queue.name, **row)
                     log.warning("%s: lease expired, reclaimed as %s", describe(job), row["status"])  # type: ignore[arg-type]
                     self._emit("reclaimed", job, status=row["status"], error=row["error"])
-                if rows:
+                if rows or freed:
                     self._nudge()
             await self._pause(self.poll_interval.total_seconds())
