@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from datetime import timedelta
 from typing import Any
 from uuid import uuid4
@@ -122,60 +121,6 @@ def test_jobs_that_move_to_a_new_lane_are_found_there_by_a_look(
     assert hint(db, schema, "shared") is not None, "the lane the job joined has no hint"
     job, _ = look(app, dsn)
     assert job is not None and (job.lane, job.owner) == ("shared", "acme")
-
-
-def test_a_job_that_stops_while_a_look_parks_its_lane_still_brings_its_hint_back(
-    app: SyncLane, dsn: str, db: psycopg.Connection[Any], schema: str
-) -> None:
-    """A look decides in its snapshot that a lane is busy and parks it in the same statement.
-    When the lane's running job stopped in between, its stop found the lane not parked yet and
-    left it so, and the park then hid the lane's open jobs from every later look (found in
-    review). The look now holds the running rows it counted until it commits: the stop waits
-    for it and then finds the lane parked."""
-    queue = app.queue("q")
-
-    @queue.snapshot("sync", every=DAY)
-    def sync(job: Job) -> Page:
-        return Page(None, 1)
-
-    jobs, lanes = sql.Identifier(schema, "jobs"), sql.Identifier(schema, "lanes")
-    token = uuid4()
-    running = db.execute(
-        sql.SQL(
-            "INSERT INTO {} (queue, owner, lane, type, mode, dedup_key, status, lease_token, "
-            "lease_expires_at, lane_slot, leased_by) VALUES ('q', 'first', 'acme', 'sync', "
-            "'manual', 'k1', 'running', %s, now() + interval '5 minutes', 0, 'other') "
-            "RETURNING id"
-        ).format(jobs),
-        [token],
-    ).fetchone()[0]  # type: ignore[index]
-    waiting = app.enqueue("q", "later", "sync", lane="acme")
-    db.execute(sql.SQL("UPDATE {} SET due_at = now() - interval '1 second'").format(lanes))
-    holder = psycopg.connect(dsn)  # holds the lane's row, so that the look stops at its park
-    holder.execute(sql.SQL("SELECT FROM {} WHERE lane = 'acme' FOR UPDATE").format(lanes))
-    found: list[Any] = []
-    looker = threading.Thread(target=lambda: found.append(look(app, dsn)))
-    looker.start()
-    blocked = sql.SQL("SELECT count(*) FROM pg_locks WHERE NOT granted")
-    wait_for(lambda: db.execute(blocked).fetchone()[0] > 0, 10, "the look waiting to park")  # type: ignore[index]
-
-    def complete() -> None:
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            params = {"id": running, "token": token, "count": 1, "lease": timedelta(minutes=5)}
-            found.append(conn.execute(app.store.query("complete_job"), params).fetchone())
-
-    stopper = threading.Thread(target=complete)
-    stopper.start()
-    time.sleep(0.3)  # the stop has run (or waits for the look), before the park goes ahead
-    holder.rollback()
-    holder.close()
-    looker.join(10)
-    stopper.join(10)
-
-    assert job_row(db, schema, running)["status"] == "completed"
-    assert hint(db, schema, "acme") is not None, "the lane's open job is hidden from every look"
-    job, _ = look(app, dsn)
-    assert job is not None and job.id == waiting
 
 
 def test_a_held_lease_whose_worker_died_lets_go_of_its_lane_and_brings_its_hint_back(

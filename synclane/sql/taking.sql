@@ -154,23 +154,15 @@ candidates AS MATERIALIZED (
     LIMIT %(visit)s
 ),
 looked AS MATERIALIZED (
-    -- the rows that make a lane busy are held (FOR SHARE) until this look commits: a job that
-    -- stops meanwhile waits for the park and then finds its lane parked, and a job that stopped
-    -- since this statement's snapshot is read as it is now (it no longer counts). Counted in the
-    -- snapshot alone, a stop in between found the lane not parked yet, and the park then hid
-    -- the lane's open jobs from every later look
     SELECT c.lane,
-           (SELECT count(*) FROM (SELECT 1 FROM {schema}.jobs r
-                                  WHERE r.queue = %(queue)s AND r.lane = c.lane
-                                    AND r.status = 'running'
-                                  FOR SHARE OF r) busy_rows) >= %(lane_width)s
+           (SELECT count(*) FROM {schema}.jobs r
+            WHERE r.queue = %(queue)s AND r.lane = c.lane AND r.status = 'running')
+               >= %(lane_width)s
            -- a scalar subquery, not EXISTS: that one may be hashed, a read of every held
            -- lease of the queue; this looks up the lane
-           OR (SELECT count(*) FROM (SELECT 1 FROM {schema}.jobs h
-                                     WHERE h.queue = %(queue)s AND h.lane = c.lane
-                                       AND h.status <> 'running' AND h.lease_token IS NOT NULL
-                                       AND h.lease_expires_at > now()
-                                     FOR SHARE OF h) held_rows) > 0 AS busy,
+           OR (SELECT count(*) FROM {schema}.jobs h
+               WHERE h.queue = %(queue)s AND h.lane = c.lane AND h.status <> 'running'
+                 AND h.lease_token IS NOT NULL AND h.lease_expires_at > now()) > 0 AS busy,
            CASE WHEN c.paused THEN NULL ELSE (SELECT head.id FROM (
                 (SELECT j.id, j.priority, j.window_start FROM {schema}.jobs j
                  WHERE j.queue = %(queue)s AND j.lane = c.lane
