@@ -177,34 +177,40 @@ def test_a_lane_freed_by_a_finished_job_wakes_an_idle_worker(
     dsn: str, schema: str, db: psycopg.Connection[Any]
 ) -> None:
     """Worker A finishes a job of lane L and takes a better job of lane M instead of L's next
-    one; worker B, idle because L was busy, is woken for L's next job at once."""
-    settings, app = _prepare(dsn, schema, db, page_sleep=1.5)
+    one; worker B, idle because L was busy, is woken for L's next job at once.
+
+    The two later jobs are written with plain SQL before L's first one is enqueued, due a second
+    later: nobody is told when they become due. Written while L's first one runs instead, they
+    could meet B still answering the enqueue's wake-up on a loaded machine (it then took M's job
+    at once, and the premise, an idle B, did not hold)."""
+    settings, app = _prepare(dsn, schema, db, page_sleep=2.0)
     try:
         with worker_processes(settings, 2):
             _ready(db, schema, 2)
-            first = app.enqueue("q", "acme-1", "sync", lane="L")
-            wait_for(
-                lambda: job_row(db, schema, first)["status"] == "running",
-                timeout=10,
-                what="L's first job running",
-            )
-            # Written with plain SQL: nobody is told about these two.
-            following = _insert_due_job(db, schema, "acme-2", lane="L")
+            due = database_now(db) + timedelta(seconds=1)
+            following = _insert_due_job(db, schema, "acme-2", lane="L", next_run_at=due)
             better = _insert_due_job(
                 db,
                 schema,
                 "globex",
                 lane="M",
-                window_start=database_now(db) - timedelta(hours=2),
-                window_end=database_now(db) - timedelta(hours=1),
+                next_run_at=due,
+                window_start=due - timedelta(hours=2),
+                window_end=due - timedelta(hours=1),
             )
-            holder = job_row(db, schema, first)["leased_by"]
+            first = app.enqueue("q", "acme-1", "sync", lane="L")
+            holder = wait_for(
+                lambda: job_row(db, schema, first)["leased_by"],
+                timeout=10,
+                what="L's first job running",
+            )
             wait_for(
                 lambda: job_row(db, schema, first)["status"] == "completed",
                 timeout=20,
                 what="L's first job to complete",
             )
             finished = job_row(db, schema, first)["completed_at"]
+            assert finished > due, "L's first job ended before the others were due"
             assert _seconds_to_start(db, schema, following, finished) < WOKEN_WITHIN
             assert job_row(db, schema, better)["leased_by"] == holder
             assert job_row(db, schema, following)["leased_by"] != holder
