@@ -1,4 +1,4 @@
--- synclane schema, version 3. Every sync job is one row of "synclane".jobs.
+-- synclane schema, version 4. Every sync job is one row of "synclane".jobs.
 -- synclane applies this at start-up (SyncLane(..., create_schema=True)); teams that run their own
 -- migrations apply docs/schema.sql, which is this file rendered for the schema "synclane".
 -- Idempotent: every statement can run again without changing anything.
@@ -259,8 +259,7 @@ BEGIN
     GROUP BY queue, lane
     ORDER BY queue, lane
     ON CONFLICT (queue, lane) DO UPDATE
-    SET due_at = least(l.due_at, excluded.due_at)
-    WHERE l.due_at IS NULL OR l.due_at > excluded.due_at;
+    SET due_at = least(l.due_at, excluded.due_at);
     RETURN NULL;
 END
 $hint$;
@@ -282,11 +281,13 @@ DECLARE
     unparked integer;
 BEGIN
     UPDATE "synclane".lanes l
-    SET due_at = least(also, (SELECT min(j.next_run_at) FROM "synclane".jobs j
-                              WHERE j.queue = queue_name AND j.lane = lane_name
-                                AND j.status IN ('pending', 'failed', 'deferred')
-                                AND j.id <> changed))
-    WHERE l.queue = queue_name AND l.lane = lane_name AND l.due_at IS NULL;
+    SET due_at = CASE WHEN l.due_at IS NULL
+                      THEN least(also, (SELECT min(j.next_run_at) FROM "synclane".jobs j
+                                        WHERE j.queue = queue_name AND j.lane = lane_name
+                                          AND j.status IN ('pending', 'failed', 'deferred')
+                                          AND j.id <> changed))
+                      ELSE least(l.due_at, also) END
+    WHERE l.queue = queue_name AND l.lane = lane_name;
     GET DIAGNOSTICS unparked = ROW_COUNT;
     RETURN unparked;
 END
@@ -371,4 +372,7 @@ CREATE TABLE IF NOT EXISTS "synclane".planner (
     pruned_at timestamptz
 );
 
-INSERT INTO "synclane".schema_version (version) VALUES (3) ON CONFLICT DO NOTHING;
+-- Version 4 changes no table: the lanes' hints are written by every statement that stops a job
+-- of a lane or makes one due (the insert trigger, unpark_lane), so that a look lane by lane
+-- never parks or moves a lane on what it read before one of them committed (take_by_lane).
+INSERT INTO "synclane".schema_version (version) VALUES (4) ON CONFLICT DO NOTHING;

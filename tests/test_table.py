@@ -379,3 +379,25 @@ def test_positional_numbers_each_name_once_in_order_of_first_use():
 
     assert text == "SELECT $1, $2, $1, 100 % 7"
     assert names == ("a", "b")
+
+
+def test_a_version_3_schema_gets_the_lane_hint_functions_of_version_4(app, db, dsn, schema):
+    """Version 4 only replaces functions: an upgrade must install them, not skip them."""
+    db.execute(
+        sql.SQL(
+            "CREATE OR REPLACE FUNCTION {}(queue_name text, lane_name text, also timestamptz,"
+            " changed bigint) RETURNS integer LANGUAGE sql AS 'SELECT 0'"
+        ).format(sql.Identifier(schema, "unpark_lane"))
+    )
+    db.execute(sql.SQL("DELETE FROM {} WHERE version > 3").format(table(schema, "schema_version")))
+
+    upgraded = SyncLane(dsn, schema=schema)
+    try:
+        assert upgraded.migrate() == SCHEMA_VERSION == 4
+    finally:
+        upgraded.close()
+    (body,) = db.execute(
+        "SELECT prosrc FROM pg_proc WHERE oid = %s::regprocedure",
+        [f'"{schema}".unpark_lane(text, text, timestamptz, bigint)'],
+    ).fetchone()
+    assert "ELSE least(l.due_at, also)" in body

@@ -124,7 +124,9 @@ moved AS (
     RETURNING j.id, j.lane, j.status, j.next_run_at
 ),
 hinted AS (
-    -- the new lanes' hints (lanes.due_at): the insert trigger does not see jobs that move
+    -- the new lanes' hints (lanes.due_at): the insert trigger does not see jobs that move.
+    -- Written even when the hint stays: a look that read the lane before this commits then
+    -- finds the row changed and leaves its hint alone (take_by_lane)
     INSERT INTO {schema}.lanes AS l (queue, lane, due_at)
     SELECT %(queue)s, lane,
            min(next_run_at) FILTER (WHERE status IN ('pending', 'failed', 'deferred'))
@@ -133,7 +135,6 @@ hinted AS (
     ORDER BY lane
     ON CONFLICT (queue, lane) DO UPDATE
     SET due_at = least(l.due_at, excluded.due_at)
-    WHERE excluded.due_at IS NOT NULL AND (l.due_at IS NULL OR l.due_at > excluded.due_at)
 ),
 registered AS (
     INSERT INTO {schema}.owners (queue, owner, lane)

@@ -118,14 +118,18 @@ unparked AS (
     -- unpark_lane, written out for the lanes of the completions: a lane parked as busy gets its
     -- hint back, its earliest open job other than those taken here (they run from now on). In
     -- the statement rather than a call per row, which would plan the function's body anew at
-    -- every execution and cost as much as the rest of the take
+    -- every execution and cost as much as the rest of the take. A lane that is not parked is
+    -- written too, its hint unchanged: a look that read it busy before this commits then finds
+    -- the row changed and does not park it (take_by_lane). The lanes are found by primary key,
+    -- in their order, as a look writes them
     UPDATE {schema}.lanes l
-    SET due_at = (SELECT min(j.next_run_at) FROM {schema}.jobs j
-                  WHERE j.queue = l.queue AND j.lane = l.lane
-                    AND j.status IN ('pending', 'failed', 'deferred')
-                    AND j.id <> ALL (ARRAY(SELECT id FROM taken)))
-    FROM (SELECT DISTINCT queue, lane FROM done) d
-    WHERE l.queue = d.queue AND l.lane = d.lane AND l.due_at IS NULL
+    SET due_at = CASE WHEN l.due_at IS NULL
+                      THEN (SELECT min(j.next_run_at) FROM {schema}.jobs j
+                            WHERE j.queue = l.queue AND j.lane = l.lane
+                              AND j.status IN ('pending', 'failed', 'deferred')
+                              AND j.id <> ALL (ARRAY(SELECT id FROM taken)))
+                      ELSE l.due_at END
+    WHERE l.queue = %(queue)s AND l.lane = ANY (ARRAY(SELECT DISTINCT lane FROM done))
 )
 SELECT ARRAY(SELECT id FROM done) AS completed, next.*
 FROM (SELECT) AS one
@@ -148,13 +152,13 @@ WITH allowed AS (
            AS ok
 ),
 candidates AS MATERIALIZED (
-    SELECT l.lane, l.paused_until > now() AS paused FROM {schema}.lanes l
+    SELECT l.lane, l.paused_until > now() AS paused, l.xmin AS version FROM {schema}.lanes l
     WHERE l.queue = %(queue)s AND l.due_at <= now() AND (SELECT ok FROM allowed)
     ORDER BY l.due_at
     LIMIT %(visit)s
 ),
 looked AS MATERIALIZED (
-    SELECT c.lane,
+    SELECT c.lane, c.version,
            (SELECT count(*) FROM {schema}.jobs r
             WHERE r.queue = %(queue)s AND r.lane = c.lane AND r.status = 'running')
                >= %(lane_width)s
@@ -187,9 +191,15 @@ looked AS MATERIALIZED (
 ),
 parked AS (
     -- busy lanes leave the hint index until a job of theirs stops running (unpark_lane); the
-    -- lanes are found by primary key (an array, so that no plan reads the whole table)
+    -- lanes are found by primary key (an array, so that no plan reads the whole table). Only
+    -- rows unchanged since this look read them: every statement that stops a job of a lane,
+    -- or makes one due, writes the lane's row (its version, xmin, changes), and when it commits
+    -- between this look's read and its write, PostgreSQL hands this UPDATE the newer row, whose
+    -- version is none of those read. Parking it then would hide the job that stopped, or
+    -- arrived, from every look
     UPDATE {schema}.lanes l SET due_at = NULL
     WHERE l.queue = %(queue)s AND l.lane = ANY (ARRAY(SELECT lane FROM looked WHERE busy))
+      AND l.xmin = ANY (ARRAY(SELECT version FROM looked WHERE busy))
     RETURNING l.lane
 ),
 moved AS (
@@ -207,6 +217,7 @@ moved AS (
                               AND j.next_run_at > now()) END
     WHERE l.queue = %(queue)s
       AND l.lane = ANY (ARRAY(SELECT lane FROM looked WHERE NOT busy AND head IS NULL))
+      AND l.xmin = ANY (ARRAY(SELECT version FROM looked WHERE NOT busy AND head IS NULL))
     RETURNING l.lane
 ),
 taken AS (
