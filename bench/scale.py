@@ -267,7 +267,6 @@ QUERY_INDEXES = (
     "jobs_running_queue_slot",
     "jobs_claim_order",
     "jobs_claim_lane",
-    "jobs_open_lanes",
     "jobs_open_owner",
     "jobs_owner_window",
     "jobs_owner_created",
@@ -287,7 +286,13 @@ def insert_floor(dsn: str, owners: int) -> list[str]:
         ("+ the lane-hint trigger", True, False, False, False),
         ("+ the dedup index", True, True, False, False),
         ("+ ON CONFLICT DO NOTHING", True, True, True, False),
-        ("+ the 14 other indexes (the table as shipped)", True, True, True, True),
+        (
+            f"+ the {len(QUERY_INDEXES)} other indexes (the table as shipped)",
+            True,
+            True,
+            True,
+            True,
+        ),
     ]
     rows = owners * 26
     lines = []

@@ -102,13 +102,8 @@ CREATE INDEX IF NOT EXISTS jobs_claim_lane
     ON "synclane".jobs (queue, lane, priority, window_start DESC NULLS LAST, id)
     WHERE status IN ('pending', 'failed', 'deferred');
 
--- Version 2: the lanes that have open jobs, for stepping from one lane to the next. Its keys
--- repeat, so PostgreSQL stores each lane once with a list of rows: a step reads about half the
--- pages it reads in jobs_claim_lane. Taking and finishing a job write no entry here (running
--- and finished rows are outside it).
-CREATE INDEX IF NOT EXISTS jobs_open_lanes
-    ON "synclane".jobs (queue, lane)
-    WHERE status IN ('pending', 'failed', 'deferred');
+-- (Version 2 added jobs_open_lanes, the lanes with open jobs, for a take that stepped from lane
+-- to lane; version 3's lanes table replaced that walk, and version 4 drops the index below.)
 
 -- Planning asks per owner and type whether a job is still open.
 CREATE INDEX IF NOT EXISTS jobs_open_owner
@@ -375,4 +370,7 @@ CREATE TABLE IF NOT EXISTS "synclane".planner (
 -- Version 4 changes no table: the lanes' hints are written by every statement that stops a job
 -- of a lane or makes one due (the insert trigger, unpark_lane), so that a look lane by lane
 -- never parks or moves a lane on what it read before one of them committed (take_by_lane).
+-- And it drops jobs_open_lanes: no statement reads it since the lanes table (version 3), and it
+-- cost an entry for every job that became open (jobs_waiting answers the same lookups).
+DROP INDEX IF EXISTS "synclane".jobs_open_lanes;
 INSERT INTO "synclane".schema_version (version) VALUES (4) ON CONFLICT DO NOTHING;

@@ -194,13 +194,25 @@ def test_docs_schema_sql_applies_and_can_be_applied_again(db):
         assert row == (SCHEMA_VERSION,)
 
 
-def _make_version_1(db: psycopg.Connection, schema: str) -> None:
-    """What synclane 0.1 left: the same table without jobs_open_lanes, at version 1."""
-    db.execute(sql.SQL("DROP INDEX {}").format(sql.Identifier(schema, "jobs_open_lanes")))
+def _make_version(db: psycopg.Connection, schema: str, version: int) -> None:
+    """The table as an older synclane left it, as far as the upgrade tests look: versions 2 and
+    3 had the index jobs_open_lanes (version 4 drops it), 1 did not."""
+    if version in (2, 3):
+        db.execute(
+            sql.SQL(
+                "CREATE INDEX jobs_open_lanes ON {} (queue, lane)"
+                " WHERE status IN ('pending', 'failed', 'deferred')"
+            ).format(table(schema))
+        )
     db.execute(sql.SQL("DELETE FROM {}").format(table(schema, "schema_version")))
     db.execute(
-        sql.SQL("INSERT INTO {} (version) VALUES (1)").format(table(schema, "schema_version"))
+        sql.SQL("INSERT INTO {} (version) VALUES (%s)").format(table(schema, "schema_version")),
+        [version],
     )
+
+
+def _make_version_1(db: psycopg.Connection, schema: str) -> None:
+    _make_version(db, schema, 1)
 
 
 def _has_index(db: psycopg.Connection, schema: str, name: str) -> bool:
@@ -220,7 +232,8 @@ def test_a_version_1_schema_is_upgraded_in_place_and_keeps_its_rows(app, db, dsn
     finally:
         upgraded.close()
 
-    assert _has_index(db, schema, "jobs_open_lanes")
+    assert _has_index(db, schema, "jobs_claim_lane") and _has_index(db, schema, "jobs_held_lease")
+    assert not _has_index(db, schema, "jobs_open_lanes")
     versions = db.execute(
         sql.SQL("SELECT version FROM {} ORDER BY version").format(table(schema, "schema_version"))
     ).fetchall()
@@ -228,22 +241,25 @@ def test_a_version_1_schema_is_upgraded_in_place_and_keeps_its_rows(app, db, dsn
     assert db.execute(sql.SQL("SELECT id FROM {}").format(table(schema))).fetchall() == [(job_id,)]
 
 
-def test_the_documented_concurrent_index_build_then_migrate_upgrades(app, db, dsn, schema):
-    _make_version_1(db, schema)
+@pytest.mark.parametrize("documented_drop_first", [False, True])
+def test_a_version_3_schema_loses_the_index_no_statement_reads(
+    app, db, dsn, schema, documented_drop_first
+):
+    job_id = insert_job(db, schema)
+    _make_version(db, schema, 3)
+    assert _has_index(db, schema, "jobs_open_lanes")
+    if documented_drop_first:
+        db.execute(operations_sql("upgrade_4", schema))  # docs/operations.md, as written
+        assert not _has_index(db, schema, "jobs_open_lanes")
 
-    db.execute(operations_sql("upgrade_2", schema))  # docs/operations.md, as written
     upgraded = SyncLane(dsn, schema=schema)
     try:
         assert upgraded.migrate() == SCHEMA_VERSION
     finally:
         upgraded.close()
 
-    assert _has_index(db, schema, "jobs_open_lanes")
-    definition = db.execute(
-        "SELECT indexdef FROM pg_indexes WHERE schemaname = %s AND indexname = 'jobs_open_lanes'",
-        [schema],
-    ).fetchone()
-    assert definition is not None and "(queue, lane)" in definition[0]
+    assert not _has_index(db, schema, "jobs_open_lanes")
+    assert db.execute(sql.SQL("SELECT id FROM {}").format(table(schema))).fetchall() == [(job_id,)]
 
 
 def test_create_schema_false_on_a_version_1_schema_asks_for_a_migration(app, db, dsn, schema):
@@ -257,7 +273,8 @@ def test_create_schema_false_on_a_version_1_schema_asks_for_a_migration(app, db,
             older.check_schema()
     finally:
         older.close()
-    assert not _has_index(db, schema, "jobs_open_lanes")
+    versions = db.execute(sql.SQL("SELECT version FROM {}").format(table(schema, "schema_version")))
+    assert versions.fetchall() == [(1,)]  # nothing was upgraded
 
 
 @pytest.mark.processes
