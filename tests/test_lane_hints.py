@@ -236,11 +236,13 @@ def _look_held_at_a_busy(app: SyncLane, dsn: str, db: psycopg.Connection[Any], s
     thread = threading.Thread(target=lambda: result.append(look(app, dsn)))
     thread.start()
     wait_for(
-        lambda: db.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-            " AND query LIKE '%%synclane: take_by_lane%%'"
-        ).fetchone()[0]  # type: ignore[index]
-        == 1,
+        lambda: (
+            db.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                " AND query LIKE '%%synclane: take_by_lane%%'"
+            ).fetchone()[0]  # type: ignore[index]
+            == 1
+        ),
         10,
         "the look to wait on lane a-busy",
     )
