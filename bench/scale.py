@@ -3,6 +3,7 @@
     python -m bench.scale [--owners 10000,100000,1000000] [--first 100000]
                           [--prune-owners 1000] [--days 30] [--keep 7] [--costs 500]
                           [--lanes 100000] [--sdk-rows 10000000] [--sdk-owners 100000] [--smoke]
+    python -m bench.scale --index-costs 20000
 
 - **Re-plan with nothing due** at each size: a worker's planning round when every owner was
   planned for the current period (the owners table and the jobs table hold every owner; the
@@ -14,7 +15,9 @@
 - **The insert's floor**: the first plan's insert for a twentieth of `--first` owners into a
   jobs table taken apart (primary key only; then the lane-hint trigger, the dedup index, ON
   CONFLICT, the other indexes added back): what each piece costs, and the rate a first plan can
-  reach at best on this server.
+  reach at best on this server. Then **each index on its own**: the same insert with the primary
+  key, the dedup index and the trigger, plus one index at a time (`--index-costs OWNERS` runs
+  only that).
 - **Retention**: `--days` simulated days of refreshes every 15 minutes for `--prune-owners`
   owners, pruned each day with a retention of `--keep` days: rows and bytes per day (flat after
   day `--keep`). Then one prune of a table that holds all `--days` days at once.
@@ -324,6 +327,43 @@ def insert_floor(dsn: str, owners: int) -> list[str]:
     return lines
 
 
+def index_costs(dsn: str, owners: int) -> list[str]:
+    """What each index adds to the first plan's insert on its own: the table with its primary
+    key, the dedup index and the lane-hint trigger, then with one more index at a time."""
+
+    def insert(keep: str | None) -> tuple[float, int]:
+        with fresh_schema(dsn, "bench_index") as schema:
+            SyncLane(dsn, schema=schema).close()
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                for index in QUERY_INDEXES:
+                    if index != keep:
+                        conn.execute(sql.SQL("DROP INDEX {}").format(sql.Identifier(schema, index)))
+                statement = sql.SQL(FIRST_ROWS + " ON CONFLICT DO NOTHING").format(
+                    jobs=sql.Identifier(schema, "jobs")
+                )
+                started = time.perf_counter()
+                conn.execute(statement, {"owners": owners})
+                elapsed = time.perf_counter() - started
+                size = 0
+                if keep is not None:
+                    found = conn.execute(
+                        "SELECT pg_relation_size(%s::regclass)",
+                        [sql.Identifier(schema, keep).as_string(conn)],
+                    ).fetchone()
+                    size = int(found[0]) if found else 0
+        return elapsed, size
+
+    base, _ = insert(None)
+    lines = [
+        f"insert of {owners * 26:,} planned rows with the primary key, the dedup index and the "
+        f"lane-hint trigger: {base:.2f} s"
+    ]
+    for index in QUERY_INDEXES:
+        elapsed, size = insert(index)
+        lines.append(f"  + {index}: {elapsed - base:+.2f} s, {size / MIB:,.0f} MiB")
+    return lines
+
+
 # -- retention ---------------------------------------------------------------------------------
 
 A_DAY = """
@@ -596,6 +636,7 @@ def main(
     for measure in (
         lambda: first_plan_lines(first),
         lambda: insert_floor(dsn, max(first // 20, 10)),
+        lambda: index_costs(dsn, max(first // 20, 10)),
         lambda: retention(dsn, prune_owners, days, keep),
         lambda: prune_month(dsn, prune_owners, days, keep),
         lambda: costs(dsn, cost_jobs),
@@ -650,9 +691,14 @@ if __name__ == "__main__":
     parser.add_argument("--sdk-owners", type=int, default=100_000)
     parser.add_argument("--smoke", action="store_true", help="tiny sizes: check that it runs")
     parser.add_argument("--first-plan-child", type=int, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--index-costs", type=int, metavar="OWNERS", help="only: what each index adds to an insert"
+    )
     args = parser.parse_args()
     if args.first_plan_child:
         first_plan_child(args.first_plan_child)
+    elif args.index_costs:
+        print(*index_costs(bench_dsn(), args.index_costs), sep="\n")
     elif args.smoke:
         smoke()
     else:
