@@ -175,43 +175,70 @@ ALTER TABLE "synclane".lanes ADD COLUMN IF NOT EXISTS rate_period interval
 -- the newest page starts of the lane (at most rate_count of them), oldest first: a sliding window
 ALTER TABLE "synclane".lanes ADD COLUMN IF NOT EXISTS starts timestamptz[] NOT NULL DEFAULT '{}';
 
+-- Version 4: the key each recorded start was asked under (NULL for starts recorded before),
+-- aligned with starts, so that a start asked again after a lost answer finds its own.
+ALTER TABLE "synclane".lanes ADD COLUMN IF NOT EXISTS start_keys uuid[] NOT NULL DEFAULT '{}';
+
 -- A page start under a lane's rate: records `units` starts and returns 0 when the last period
 -- leaves room for them, else how many seconds until it will (and records nothing). With `force`
 -- it records them whatever the room (a page that made more calls than it announced). The lane's
--- own rate, then its queue's, then the one given (the declared one) apply, in that order.
+-- own rate, then its queue's, then the one given (the declared one) apply, in that order. A start
+-- asked under a `key` already recorded returns 0 and records nothing: it is the same start, sent
+-- again after its answer was lost.
 CREATE OR REPLACE FUNCTION "synclane".lane_page_start(
     queue_name text, lane_name text, declared_count integer, declared_period interval,
-    units integer, force boolean DEFAULT false
+    units integer, force boolean, start_key uuid
 ) RETURNS double precision LANGUAGE plpgsql AS $start$
 DECLARE
     allowed integer;
     period interval;
     kept timestamptz[];
+    kept_keys uuid[];
+    seen boolean;
     held integer;
 BEGIN
     INSERT INTO "synclane".lanes (queue, lane) VALUES (queue_name, lane_name)
     ON CONFLICT (queue, lane) DO NOTHING;
     SELECT coalesce(l.rate_count, q.rate_count, declared_count),
            coalesce(l.rate_period, q.rate_period, declared_period),
-           ARRAY(SELECT s FROM unnest(l.starts) s
-                 WHERE s > now() - coalesce(l.rate_period, q.rate_period, declared_period)
-                 ORDER BY s)
-      INTO allowed, period, kept
+           coalesce(start_key = ANY (l.start_keys), false),
+           ARRAY(SELECT u.s FROM unnest(l.starts, l.start_keys) WITH ORDINALITY AS u (s, k, n)
+                 WHERE u.s > now() - coalesce(l.rate_period, q.rate_period, declared_period)
+                 ORDER BY u.s, u.n),
+           ARRAY(SELECT u.k FROM unnest(l.starts, l.start_keys) WITH ORDINALITY AS u (s, k, n)
+                 WHERE u.s > now() - coalesce(l.rate_period, q.rate_period, declared_period)
+                 ORDER BY u.s, u.n)
+      INTO allowed, period, seen, kept, kept_keys
       FROM "synclane".lanes l
       LEFT JOIN "synclane".queue_rates q ON q.queue = l.queue
      WHERE l.queue = queue_name AND l.lane = lane_name
        FOR UPDATE OF l;
+    IF seen THEN
+        RETURN 0;
+    END IF;
     held := coalesce(array_length(kept, 1), 0);
     IF held + units > allowed AND NOT force THEN
         -- room for `units` more once enough of the oldest starts have left the window
         RETURN greatest(extract(epoch FROM kept[held + units - allowed] + period - now()), 0.001);
     END IF;
     kept := kept || ARRAY(SELECT now() FROM generate_series(1, units));
+    kept_keys := kept_keys || ARRAY(SELECT start_key FROM generate_series(1, units));
     held := held + units;
-    UPDATE "synclane".lanes SET starts = kept[greatest(held - allowed, 0) + 1:held]
+    UPDATE "synclane".lanes
+       SET starts = kept[greatest(held - allowed, 0) + 1:held],
+           start_keys = kept_keys[greatest(held - allowed, 0) + 1:held]
      WHERE queue = queue_name AND lane = lane_name;
     RETURN 0;
 END
+$start$;
+
+-- Version 3's form, without a key (what a worker of that version calls): a start of its own.
+CREATE OR REPLACE FUNCTION "synclane".lane_page_start(
+    queue_name text, lane_name text, declared_count integer, declared_period interval,
+    units integer, force boolean DEFAULT false
+) RETURNS double precision LANGUAGE sql AS $start$
+    SELECT "synclane".lane_page_start(queue_name, lane_name, declared_count, declared_period,
+                                    units, force, NULL::uuid)
 $start$;
 
 -- The notebook SDK's reads at a hundred thousand owners (docs/sdk.md, "Cost"): each answers
@@ -367,9 +394,9 @@ CREATE TABLE IF NOT EXISTS "synclane".planner (
     pruned_at timestamptz
 );
 
--- Version 4 changes no table: the lanes' hints are written by every statement that stops a job
--- of a lane or makes one due (the insert trigger, unpark_lane), so that a look lane by lane
--- never parks or moves a lane on what it read before one of them committed (take_by_lane).
+-- Version 4 (with lanes.start_keys above): the lanes' hints are written by every statement that
+-- stops a job of a lane or makes one due (the insert trigger, unpark_lane), so that a look lane
+-- by lane never parks or moves a lane on what it read before one of them committed.
 -- And it drops jobs_open_lanes: no statement reads it since the lanes table (version 3), and it
 -- cost an entry for every job that became open (jobs_waiting answers the same lookups).
 DROP INDEX IF EXISTS "synclane".jobs_open_lanes;

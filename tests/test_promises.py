@@ -589,6 +589,42 @@ def test_a_lost_answer_to_a_page_save_that_keeps_its_cursor_counts_the_page_once
     assert worker.report["lost"] == 0
 
 
+def test_a_lost_answer_to_a_page_start_under_a_lane_rate_counts_it_once(
+    dsn: str, schema: str, db: psycopg.Connection[Any]
+) -> None:
+    """A page start under a lane rate is recorded in the lane's row before the page runs. Sent
+    again after its answer was lost, it recorded the start a second time: the lane then waited
+    for room it had not used."""
+    with answer_dropper(dsn) as proxy:
+        app = make_app(proxy.dsn, schema)
+        queue = app.queue("q", lease_duration=120, lane_rate=(10, 3600))
+
+        @queue.snapshot("products", every=DAY)
+        def products(job: Job) -> Page:
+            if job.cursor is None:
+                return Page("10", 10)
+            if job.cursor == "10":
+                return Page("20", 10)
+            return Page(None, 10)
+
+        job_id = app.enqueue("q", "acme", "products", lane="rated-lane")
+        # The first page's start: the message that runs it carries the lane's name (the
+        # statement's text goes before it, in a message of its own when it is prepared).
+        proxy.drop_answer_to("rated-lane")
+        with running_worker(app) as worker:
+            wait_for(lambda: job_row(db, schema, job_id)["status"] == "completed", 10, "the job")
+        app.close()
+    assert proxy.dropped == 1
+    starts = db.execute(
+        sql.SQL("SELECT cardinality(starts) FROM {} WHERE lane = 'rated-lane'").format(
+            sql.Identifier(schema, "lanes")
+        )
+    ).fetchone()
+    assert starts == (3,), "three pages started, each counted once"
+    assert job_row(db, schema, job_id)["processed_count"] == 30
+    assert worker.report["lost"] == 0
+
+
 def test_a_lost_answer_to_a_recorded_failure_reports_the_failure(
     dsn: str, schema: str, db: psycopg.Connection[Any]
 ) -> None:

@@ -418,3 +418,10 @@ def test_a_version_3_schema_gets_the_lane_hint_functions_of_version_4(app, db, d
         [f'"{schema}".unpark_lane(text, text, timestamptz, bigint)'],
     ).fetchone()
     assert "ELSE least(l.due_at, also)" in body
+    # a worker of version 3, still running while the schema moved on, counts its page starts
+    # the way it did: without a key
+    call = sql.SQL("SELECT {}('q', 'old', 1, interval '1 hour', 1, false)").format(
+        sql.Identifier(schema, "lane_page_start")
+    )
+    assert db.execute(call).fetchone() == (0,)
+    assert db.execute(call).fetchone()[0] > 0  # the lane's one start an hour is used

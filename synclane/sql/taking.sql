@@ -472,16 +472,19 @@ WHERE {schema}.unpark_lane(queue, lane, next_run_at, id) >= 0;
 -- the page starts of the slots of one worker that fall due at the same instant, in one
 -- statement and one commit, each under its lane's rate (lane_page_start in the schema): 0 when
 -- it may start now, else how many seconds until the lane has room; `force` records starts a page
--- made beyond the one it announced. The lanes are counted in one order (queue, lane), so two
+-- made beyond the one it announced. Each start carries a key of its own: sent again after a lost
+-- answer, a start finds its key recorded and counts nothing twice. The lanes are counted in one order (queue, lane), so two
 -- workers' statements lock their rows in the same order and never deadlock; the answers come
 -- back in the order asked
 SELECT w.wait FROM (
     SELECT g.number,
-           {schema}.lane_page_start(g.queue, g.lane, g.count, g.period, g.units, g.force) AS wait
+           {schema}.lane_page_start(g.queue, g.lane, g.count, g.period, g.units, g.force,
+                                    g.key) AS wait
     FROM (
         SELECT * FROM unnest(%(queues)s::text[], %(lanes)s::text[], %(counts)s::integer[],
-                             %(periods)s::interval[], %(units)s::integer[], %(forces)s::boolean[])
-             WITH ORDINALITY AS u (queue, lane, count, period, units, force, number)
+                             %(periods)s::interval[], %(units)s::integer[], %(forces)s::boolean[],
+                             %(keys)s::uuid[])
+             WITH ORDINALITY AS u (queue, lane, count, period, units, force, key, number)
         ORDER BY u.queue, u.lane, u.number
         OFFSET 0
     ) g

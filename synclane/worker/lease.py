@@ -16,10 +16,10 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
-from uuid import UUID
+from uuid import UUID, uuid4
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool
@@ -93,13 +93,15 @@ class PageSave:
 @dataclass(frozen=True)
 class PageStart:
     """One slot's page start to count against its lane's rate: `units` starts (force: count
-    them whatever the room, for calls a page made beyond the one it announced)."""
+    them whatever the room, for calls a page made beyond the one it announced). Its key makes
+    the start, sent again after a lost answer, find itself instead of counting twice."""
 
     queue: str
     lane: str
     rate: Rate
     units: int
     force: bool
+    key: UUID = field(default_factory=uuid4)
 
 
 SAVES = 2
@@ -167,6 +169,7 @@ class PageWrites:
             "periods": [start.rate.per for start in starts],
             "units": [start.units for start in starts],
             "forces": [start.force for start in starts],
+            "keys": [start.key for start in starts],
         }
 
         async def statement(conn: psycopg.AsyncConnection[Any]) -> list[float]:
