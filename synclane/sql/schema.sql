@@ -201,13 +201,7 @@ BEGIN
     ON CONFLICT (queue, lane) DO NOTHING;
     SELECT coalesce(l.rate_count, q.rate_count, declared_count),
            coalesce(l.rate_period, q.rate_period, declared_period),
-           coalesce(start_key = ANY (l.start_keys), false),
-           ARRAY(SELECT u.s FROM unnest(l.starts, l.start_keys) WITH ORDINALITY AS u (s, k, n)
-                 WHERE u.s > now() - coalesce(l.rate_period, q.rate_period, declared_period)
-                 ORDER BY u.s, u.n),
-           ARRAY(SELECT u.k FROM unnest(l.starts, l.start_keys) WITH ORDINALITY AS u (s, k, n)
-                 WHERE u.s > now() - coalesce(l.rate_period, q.rate_period, declared_period)
-                 ORDER BY u.s, u.n)
+           coalesce(start_key = ANY (l.start_keys), false), l.starts, l.start_keys
       INTO allowed, period, seen, kept, kept_keys
       FROM {schema}.lanes l
       LEFT JOIN {schema}.queue_rates q ON q.queue = l.queue
@@ -216,6 +210,12 @@ BEGIN
     IF seen THEN
         RETURN 0;
     END IF;
+    -- the starts still in the window, oldest first, each with its key (in one pass)
+    SELECT coalesce(array_agg(u.s ORDER BY u.s, u.n), '{{}}'),
+           coalesce(array_agg(u.k ORDER BY u.s, u.n), '{{}}')
+      INTO kept, kept_keys
+      FROM unnest(kept, kept_keys) WITH ORDINALITY AS u (s, k, n)
+     WHERE u.s > now() - period;
     held := coalesce(array_length(kept, 1), 0);
     IF held + units > allowed AND NOT force THEN
         -- room for `units` more once enough of the oldest starts have left the window
