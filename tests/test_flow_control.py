@@ -125,7 +125,7 @@ def test_without_the_queue_slot_index_the_cap_is_passed(
     running. A rival has taken the queue's 3 slots and not committed: with the index the take
     waits and loses; without it, a fourth job runs."""
     app.queue("q", max_running=3).snapshot("sync", every=timedelta(days=1))(lambda job: None)
-    assert race_a_rival(app, dsn, db, schema, "jobs_running_queue_slot", lanes=8, rivals=3) == 3
+    assert race_a_rival(app, dsn, db, schema, "jobs_leased_queue_slot", lanes=8, rivals=3) == 3
     assert race_a_rival(app, dsn, db, schema, None, lanes=8, rivals=3) == 4
 
 

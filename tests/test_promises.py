@@ -370,8 +370,9 @@ def test_every_statement_that_puts_a_job_back_in_line_respects_its_lanes_pause(
     lanes = sql.Identifier(schema, "lanes")
     (paused_until,) = db.execute(
         sql.SQL(
-            "UPDATE {} SET paused_until = now() + interval '1 hour' "
-            "WHERE queue = 'q' AND lane = 'acme' RETURNING paused_until"
+            "INSERT INTO {} (queue, lane, paused_until) VALUES ('q', 'acme', now() + interval "
+            "'1 hour') ON CONFLICT (queue, lane) DO UPDATE SET paused_until = "
+            "excluded.paused_until RETURNING paused_until"
         ).format(lanes)
     ).fetchone() or (None,)
     assert paused_until is not None

@@ -90,9 +90,8 @@ WHERE queue = %(queue)s AND owner = ANY (%(owners)s::text[]);
 -- under a live lease), a new owner's planned jobs in any other lane (a manual job enqueued into
 -- a lane of its own stays there). The running job moves with the others, so the running-lane
 -- index decides: when the new lane runs a job already, the statement fails with a unique
--- violation and none of it happens. A job that joins a paused lane waits for the pause, and the
--- lanes the jobs join get their hint (lanes.due_at) like an insert's. Jobs are
--- locked in id order and owners written in owner order, so two planners never wait in a circle
+-- violation and none of it happens. A job that joins a paused lane waits for the pause; the lanes
+-- the jobs join and leave get wakes from the database (lane_wakes). Jobs are locked in id order and owners written in owner order, so two planners never wait in a circle
 WITH target AS (
     SELECT t.owner, t.lane, o.lane AS old
     FROM unnest(%(owners)s::text[], %(lanes)s::text[]) AS t (owner, lane)
@@ -122,19 +121,6 @@ moved AS (
     LEFT JOIN {schema}.lanes p ON p.queue = %(queue)s AND p.lane = k.lane
     WHERE j.id = k.id
     RETURNING j.id, j.lane, j.status, j.next_run_at
-),
-hinted AS (
-    -- the new lanes' hints (lanes.due_at): the insert trigger does not see jobs that move.
-    -- Written even when the hint stays: a look that read the lane before this commits then
-    -- finds the row changed and leaves its hint alone (take_by_lane)
-    INSERT INTO {schema}.lanes AS l (queue, lane, due_at)
-    SELECT %(queue)s, lane,
-           min(next_run_at) FILTER (WHERE status IN ('pending', 'failed', 'deferred'))
-    FROM moved
-    GROUP BY lane
-    ORDER BY lane
-    ON CONFLICT (queue, lane) DO UPDATE
-    SET due_at = least(l.due_at, excluded.due_at)
 ),
 registered AS (
     INSERT INTO {schema}.owners (queue, owner, lane)

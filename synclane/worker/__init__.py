@@ -46,6 +46,9 @@ log = logging.getLogger("synclane")
 # it then logs the outage and backs off, instead of waiting silently inside the pool (whose
 # default is 30 s). A healthy pool always has a connection for every slot.
 CONNECTION_WAIT = 3.0
+# How many lanes' wakes one fold_wakes statement turns into hints (a first plan of many owners
+# wakes a lane each: they are folded in statements of this size, one after the other).
+FOLD_BATCH = 5000
 
 
 class Wake(asyncio.Event):
@@ -508,6 +511,24 @@ class Worker:
             self._nudge()
         return added is not None
 
+    async def _mend_lanes(self, conn: psycopg.AsyncConnection[Any], queue: Queue) -> list[Any]:
+        """The lanes' hints, kept a cache (docs/workers.md, "Where a look reads"): a parked lane
+        that has room again gets a wake, whoever freed it; wakes no look has read become hints.
+        Returns the lanes woken."""
+        store = self.database.store
+        cur = await conn.execute(
+            store.query("wake_parked_lanes"),
+            {"queue": queue.name, "lane_width": queue.settings.lane_width},
+        )
+        woken = await cur.fetchall()
+        while True:
+            cur = await conn.execute(
+                store.query("fold_wakes"), {"queue": queue.name, "limit": FOLD_BATCH}
+            )
+            row = await cur.fetchone()
+            if row is None or row[0] < FOLD_BATCH or not row[1]:
+                return woken
+
     async def _reclaim_loop(self) -> None:
         assert self._crew is not None
         pool, store = self._crew.writer.pool, self.database.store
@@ -523,6 +544,7 @@ class Worker:
                             store.query("release_expired_holds"), {"queue": queue.name}
                         )
                         freed = await released.fetchall()
+                        freed += await self._mend_lanes(conn, queue)
                         if rows or freed:  # due again: idle workers elsewhere may take them
                             await notify_work_async(conn, store, [queue.name])
                 except psycopg.Error as error:
