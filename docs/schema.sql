@@ -384,22 +384,31 @@ CREATE TRIGGER jobs_wake_new_lanes AFTER INSERT ON "synclane".jobs
 
 -- A changed job wakes its lane when it became open, due sooner, joined the lane or stopped
 -- running other than by completing (its lane may have room), or when a stopped job let go of its
--- lease; a job that left a lane wakes the lane it left. Completions (the worker's hot path) and
--- page saves wake nothing: the worker that completes tells about the lanes it frees
--- (notify_freed_lanes), and wake_parked_lanes finds any lane freed otherwise.
+-- lease; a job that left a lane wakes the lane it left. Taking a job (it starts running) and
+-- completing one (the worker's hot path), and saving pages, wake nothing, and the trigger's
+-- condition is short, because PostgreSQL prepares it again for every statement that updates jobs:
+-- the worker that completes tells about the lanes it frees (notify_freed_lanes), and
+-- wake_parked_lanes finds any lane freed otherwise.
 CREATE OR REPLACE FUNCTION "synclane".wake_lanes_of_changed_job() RETURNS trigger
 LANGUAGE plpgsql AS $wake$
 BEGIN
-    IF NEW.status IN ('pending', 'failed', 'deferred') THEN
-        INSERT INTO "synclane".lane_wakes (queue, lane, due_at)
-        VALUES (NEW.queue, NEW.lane,
-                CASE WHEN OLD.status = 'running' OR OLD.lease_token IS NOT NULL
-                     THEN least(NEW.next_run_at, now()) ELSE NEW.next_run_at END);
-    ELSE
-        INSERT INTO "synclane".lane_wakes (queue, lane, due_at) VALUES (NEW.queue, NEW.lane, now());
-    END IF;
     IF (OLD.queue, OLD.lane) IS DISTINCT FROM (NEW.queue, NEW.lane) THEN
         INSERT INTO "synclane".lane_wakes (queue, lane, due_at) VALUES (OLD.queue, OLD.lane, now());
+        IF NEW.status IN ('pending', 'failed', 'deferred') THEN
+            INSERT INTO "synclane".lane_wakes (queue, lane, due_at)
+            VALUES (NEW.queue, NEW.lane, NEW.next_run_at);
+        END IF;
+    ELSIF OLD.status = 'running' OR (OLD.lease_token IS NOT NULL AND NEW.lease_token IS NULL) THEN
+        -- stopped running, or let go of a lease: the lane may have room now
+        INSERT INTO "synclane".lane_wakes (queue, lane, due_at)
+        VALUES (NEW.queue, NEW.lane,
+                CASE WHEN NEW.status IN ('pending', 'failed', 'deferred')
+                     THEN least(NEW.next_run_at, now()) ELSE now() END);
+    ELSIF NEW.status IN ('pending', 'failed', 'deferred')
+          AND (OLD.status NOT IN ('pending', 'failed', 'deferred')
+               OR NEW.next_run_at < OLD.next_run_at) THEN
+        INSERT INTO "synclane".lane_wakes (queue, lane, due_at)
+        VALUES (NEW.queue, NEW.lane, NEW.next_run_at);
     END IF;
     RETURN NULL;
 END
@@ -408,13 +417,8 @@ DROP TRIGGER IF EXISTS jobs_wake_changed_lanes ON "synclane".jobs;
 CREATE TRIGGER jobs_wake_changed_lanes
     AFTER UPDATE OF status, next_run_at, lane, queue, lease_token ON "synclane".jobs
     FOR EACH ROW
-    WHEN ((NEW.status IN ('pending', 'failed', 'deferred')
-           AND (OLD.status NOT IN ('pending', 'failed', 'deferred')
-                OR NEW.next_run_at < OLD.next_run_at))
-          OR (OLD.queue, OLD.lane) IS DISTINCT FROM (NEW.queue, NEW.lane)
-          OR (OLD.status = 'running' AND NEW.status NOT IN ('running', 'completed'))
-          OR (OLD.status <> 'running' AND OLD.lease_token IS NOT NULL
-              AND NEW.lease_token IS NULL))
+    WHEN (NEW.status <> 'running' AND NEW.status <> 'completed'
+          OR NEW.lane <> OLD.lane OR NEW.queue <> OLD.queue)
     EXECUTE FUNCTION "synclane".wake_lanes_of_changed_job();
 
 -- A throttle's pause made shorter by hand (docs/operations.md, fix_unthrottle) brings the lane's
