@@ -58,7 +58,11 @@ def rate_at(place: Path, dsn: str, jobs: int, page_sleep: float) -> tuple[float,
     )
     env = {**os.environ, "PYTHONPATH": str(place)}
     done = subprocess.run(
-        [sys.executable, "-c", program], cwd=place, env=env, check=True, capture_output=True,
+        [sys.executable, "-c", program],
+        cwd=place,
+        env=env,
+        check=True,
+        capture_output=True,
         text=True,
     )
     rate, per_take = json.loads(done.stdout.strip().splitlines()[-1])

@@ -188,6 +188,8 @@ class Store:
         if version == SCHEMA_VERSION:
             return version
         self._refuse_newer(version)
+        if version is not None and version < 5:
+            self._refuse_with_old_workers(conn, version)
         try:
             with conn.transaction():
                 conn.execute(self.query("migration_lock"), {"schema": self.schema})
@@ -222,6 +224,24 @@ class Store:
             raise SchemaError(
                 f"schema {self.schema!r} is at version {version}, this synclane needs "
                 f"{SCHEMA_VERSION}: run app.migrate()"
+            )
+
+    def _refuse_with_old_workers(self, conn: psycopg.Connection[Any], version: int) -> None:
+        """Version 5 moved the lanes' hints out of the workers' statements: a worker of version 3
+        or 4 still running beside it would write hints that version 5 does not read, hiding
+        jobs, and its take statement has the shape that crashes PostgreSQL (docs/reliability.md).
+        They must stop before the schema moves on."""
+        try:
+            with conn.transaction():
+                alive = [row[0] for row in conn.execute(self.query("workers_alive"))]
+        except psycopg.errors.UndefinedTable:
+            return  # older than the workers list: nothing says who runs
+        if alive:
+            raise SchemaError(
+                f"schema {self.schema!r} is at version {version} and these workers still run on "
+                f"it: {', '.join(alive[:10])}{' …' if len(alive) > 10 else ''}; stop them, then "
+                f"start this synclane (schema version {SCHEMA_VERSION}): a worker of version "
+                f'{version} beside it would hide jobs (docs/operations.md, "Upgrading")'
             )
 
     def _refuse_newer(self, version: int | None) -> None:

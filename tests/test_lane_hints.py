@@ -92,9 +92,7 @@ def status(db: psycopg.Connection[Any], schema: str, job_id: int) -> str:
 
 def taken_within(db: psycopg.Connection[Any], schema: str, job_id: int, what: str) -> None:
     started = time.monotonic()
-    wait_for(
-        lambda: status(db, schema, job_id) in ("running", "completed"), BOUND, f"{what} taken"
-    )
+    wait_for(lambda: status(db, schema, job_id) in ("running", "completed"), BOUND, f"{what} taken")
     assert time.monotonic() - started <= BOUND
 
 
@@ -167,7 +165,9 @@ def test_a_lane_parked_as_busy_is_found_again_however_its_job_stops(
         elif stop == "sql_delete":
             db.execute(sql.SQL("DELETE FROM {} WHERE id = %s").format(jobs), [first])
         else:  # the running job moved to another lane by hand
-            db.execute(sql.SQL("UPDATE {} SET lane = 'elsewhere' WHERE id = %s").format(jobs), [first])
+            db.execute(
+                sql.SQL("UPDATE {} SET lane = 'elsewhere' WHERE id = %s").format(jobs), [first]
+            )
         taken_within(db, schema, later, f"acme's next job after a {stop}")
 
 
@@ -243,7 +243,8 @@ def test_a_job_written_with_plain_sql_is_taken_within_the_bound(
         " now() WHERE id = %(job)s",
         "moved_to_a_new_lane": "UPDATE {jobs} SET next_run_at = now() + interval '1 hour'"
         " WHERE id = %(job)s",
-        "due_sooner": "UPDATE {jobs} SET next_run_at = now() + interval '1 hour' WHERE id = %(job)s",
+        "due_sooner": "UPDATE {jobs} SET next_run_at = now() + interval '1 hour'"
+        " WHERE id = %(job)s",
     }
     if write in arranged:
         db.execute(sql.SQL(arranged[write]).format(jobs=table(schema)), {"job": job_id})
@@ -274,9 +275,12 @@ def test_an_owner_moved_while_its_job_runs_leaves_its_old_lane_found(
     queue.owners(lambda name: [Owner(owner, lane=lane) for owner, lane in lanes.items()])
     block_the_front(db, schema)
     quick.plan("q")
-    jobs = {row[1]: row[0] for row in db.execute(
-        sql.SQL("SELECT id, owner FROM {} WHERE owner IN ('slow-a', 'b')").format(table(schema))
-    )}
+    jobs = {
+        row[1]: row[0]
+        for row in db.execute(
+            sql.SQL("SELECT id, owner FROM {} WHERE owner IN ('slow-a', 'b')").format(table(schema))
+        )
+    }
     db.execute(
         sql.SQL("UPDATE {} SET next_run_at = now() + interval '1 hour' WHERE id = %s").format(
             table(schema)
@@ -363,8 +367,9 @@ def test_a_held_lease_whose_worker_died_lets_go_of_its_lane_and_the_lane_is_foun
         time.sleep(POLL)
         assert status(db, schema, requeued) == "pending"
         db.execute(
-            sql.SQL("UPDATE {} SET lease_expires_at = now() - interval '1 second' WHERE id = %s")
-            .format(jobs),
+            sql.SQL(
+                "UPDATE {} SET lease_expires_at = now() - interval '1 second' WHERE id = %s"
+            ).format(jobs),
             [requeued],
         )
         taken_within(db, schema, requeued, "the job whose held lease expired")
@@ -416,12 +421,14 @@ def test_a_callers_open_transaction_never_makes_a_worker_wait(
             caller.commit()
             assert time.monotonic() - started < 7
             wait_for(
-                lambda: db.execute(
-                    sql.SQL("SELECT count(*) FROM {} WHERE status <> 'completed'").format(
-                        table(schema)
-                    )
-                ).fetchone()[0]  # type: ignore[index]
-                == 0,
+                lambda: (
+                    db.execute(
+                        sql.SQL("SELECT count(*) FROM {} WHERE status <> 'completed'").format(
+                            table(schema)
+                        )
+                    ).fetchone()[0]  # type: ignore[index]
+                    == 0
+                ),
                 20,
                 "every job completed",
             )
@@ -454,3 +461,42 @@ def test_a_worker_turns_wakes_into_hints_when_no_look_reads_them(
         sql.SQL("SELECT count(*) FROM {} WHERE lane LIKE 'l%%'").format(table(schema, "lanes"))
     ).fetchone()
     assert listed == (30,)
+
+
+def test_a_lane_freed_by_a_completion_is_read_again_at_once_though_a_look_parked_it(
+    dsn: str, db: psycopg.Connection[Any], schema: str
+) -> None:
+    """Completions (take_front) write no wake themselves: the worker that completed tells, for
+    the lanes it freed that a look had parked. With poll_interval=30 no poll and no mending of
+    parked lanes comes within the test: acme's next job must be taken at once."""
+    app = SyncLane(dsn, schema=schema, poll_interval=30)
+    queue = app.queue("q", concurrency=1)
+    go = threading.Event()
+
+    @queue.snapshot("sync", every=DAY)
+    def sync(job: Job) -> Page:
+        if job.owner == "slow-first":
+            go.wait(30)
+        return Page(None, 1)
+
+    try:
+        block_the_front(db, schema)
+        first = app.enqueue("q", "slow-first", "sync", lane="acme")
+        later = app.enqueue("q", "later", "sync", lane="acme")
+        with running_worker(app):
+            wait_for(lambda: status(db, schema, first) == "running", 10, "acme's first job")
+            with running_worker(app):
+                wait_for(lambda: hint(db, schema, "acme") == "infinity", 10, "a look parking acme")
+                time.sleep(0.5)
+                assert status(db, schema, later) == "pending"
+                go.set()
+                started = time.monotonic()
+                wait_for(
+                    lambda: status(db, schema, later) in ("running", "completed"),
+                    5,
+                    "acme's next job",
+                )
+                assert time.monotonic() - started < 1.5
+    finally:
+        go.set()
+        app.close()

@@ -54,8 +54,7 @@ def _plan(conn: psycopg.Connection[Any], store: Store, name: str) -> dict[str, A
         try:
             with conn.transaction():
                 conn.execute(
-                    sql.SQL("PREPARE probe" + (f" ({types})" if names else "") + " AS ")
-                    + query
+                    sql.SQL("PREPARE probe" + (f" ({types})" if names else "") + " AS ") + query
                 )
         except psycopg.errors.DatabaseError:
             if typed:

@@ -406,10 +406,14 @@ def test_a_version_4_schema_gets_wakes_instead_of_hints_written_by_its_statement
     version-4 look had parked (due_at NULL, with open jobs) is read again by the next look."""
     insert_job(db, schema, owner="acme", lane="acme", key="manual:1")
     lanes = table(schema, "lanes")
-    db.execute(sql.SQL("INSERT INTO {} (queue, lane, due_at) VALUES ('shops', 'acme', NULL)"
-                       " ON CONFLICT (queue, lane) DO UPDATE SET due_at = NULL").format(lanes))
+    db.execute(
+        sql.SQL(
+            "INSERT INTO {} (queue, lane, due_at) VALUES ('shops', 'acme', NULL)"
+            " ON CONFLICT (queue, lane) DO UPDATE SET due_at = NULL"
+        ).format(lanes)
+    )
     db.execute(sql.SQL("DELETE FROM {}").format(table(schema, "lane_wakes")))
-    db.execute(sql.SQL("DELETE FROM {} WHERE version > 4").format(table(schema, "schema_version")))
+    _make_version(db, schema, 4)
 
     upgraded = SyncLane(dsn, schema=schema)
     try:
@@ -437,3 +441,35 @@ def test_a_version_4_schema_gets_wakes_instead_of_hints_written_by_its_statement
     )
     assert db.execute(call).fetchone() == (0,)
     assert db.execute(call).fetchone()[0] > 0  # the lane's one start an hour is used
+
+
+@pytest.mark.parametrize("beating", [True, False])
+def test_a_version_4_schema_with_a_live_worker_is_not_upgraded_under_it(
+    app, db, dsn, schema, beating
+):
+    """A worker of version 4 still running would write hints that version 5 does not read, and
+    its take can crash PostgreSQL: the upgrade names it and waits for it to stop. A worker whose
+    beat has expired (it died) does not stop the upgrade."""
+    db.execute(
+        sql.SQL(
+            "INSERT INTO {} (name, instance, host, pid, version, queues, slots, expires_at)"
+            " VALUES ('old-1:7', gen_random_uuid(), 'old-1', 7, '0.3.0', '{{shops}}', 4,"
+            " now() + %s * interval '1 minute')"
+        ).format(table(schema, "workers")),
+        [1 if beating else -1],
+    )
+    _make_version(db, schema, 4)
+
+    if beating:
+        with pytest.raises(SchemaError, match=r"old-1:7 \(synclane 0\.3\.0\); stop them"):
+            SyncLane(dsn, schema=schema)
+        versions = db.execute(
+            sql.SQL("SELECT version FROM {}").format(table(schema, "schema_version"))
+        )
+        assert versions.fetchall() == [(4,)]
+    else:
+        SyncLane(dsn, schema=schema).close()
+        versions = db.execute(
+            sql.SQL("SELECT max(version) FROM {}").format(table(schema, "schema_version"))
+        )
+        assert versions.fetchone() == (SCHEMA_VERSION,)
