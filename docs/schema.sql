@@ -366,9 +366,11 @@ CREATE TABLE IF NOT EXISTS "synclane".lane_wakes (
 CREATE INDEX IF NOT EXISTS lane_wakes_due ON "synclane".lane_wakes (queue, due_at);
 CREATE INDEX IF NOT EXISTS lane_wakes_lane ON "synclane".lane_wakes (queue, lane);
 
--- New jobs wake their lanes: one wake per lane of the statement's open rows.
+-- New jobs wake their lanes: one wake per lane of the statement's open rows. The wake functions
+-- run as the schema's owner (SECURITY DEFINER, with a search_path of nothing but the catalog), so
+-- that a role that may write jobs, yours, needs no grant on lane_wakes.
 CREATE OR REPLACE FUNCTION "synclane".wake_lanes_of_new_jobs() RETURNS trigger
-LANGUAGE plpgsql AS $wake$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $wake$
 BEGIN
     INSERT INTO "synclane".lane_wakes (queue, lane, due_at)
     SELECT queue, lane, min(next_run_at) FROM added
@@ -390,7 +392,7 @@ CREATE TRIGGER jobs_wake_new_lanes AFTER INSERT ON "synclane".jobs
 -- the worker that completes tells about the lanes it frees (notify_freed_lanes), and
 -- wake_parked_lanes finds any lane freed otherwise.
 CREATE OR REPLACE FUNCTION "synclane".wake_lanes_of_changed_job() RETURNS trigger
-LANGUAGE plpgsql AS $wake$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $wake$
 BEGIN
     IF (OLD.queue, OLD.lane) IS DISTINCT FROM (NEW.queue, NEW.lane) THEN
         INSERT INTO "synclane".lane_wakes (queue, lane, due_at) VALUES (OLD.queue, OLD.lane, now());
@@ -441,7 +443,7 @@ CREATE TRIGGER lanes_pause_shortened BEFORE UPDATE OF paused_until ON "synclane"
 
 -- A lane's row deleted by hand takes its hint along: the lane gets a wake instead.
 CREATE OR REPLACE FUNCTION "synclane".wake_deleted_lanes() RETURNS trigger
-LANGUAGE plpgsql AS $wake$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $wake$
 BEGIN
     INSERT INTO "synclane".lane_wakes (queue, lane, due_at)
     SELECT queue, lane, now() FROM removed;

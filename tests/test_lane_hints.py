@@ -500,3 +500,28 @@ def test_a_lane_freed_by_a_completion_is_read_again_at_once_though_a_look_parked
     finally:
         go.set()
         app.close()
+
+
+def test_the_documented_query_lists_a_hidden_job_and_nothing_else(
+    quick: SyncLane, dsn: str, db: psycopg.Connection[Any], schema: str
+) -> None:
+    """operations.md's hidden_jobs: with the front of the line blocked and a worker running,
+    nothing is hidden; a lane whose hint is made wrong by hand (what no statement of synclane
+    leaves) shows its due job."""
+    block_the_front(db, schema)
+    job_id = quick.enqueue("q", "acme", "sync", lane="acme")
+    hidden = operations_sql("hidden_jobs", schema, **{"'shops'": "'q'"})
+    assert db.execute(hidden).fetchall() == []  # its wake says it is due
+    with running_worker(quick):
+        taken_within(db, schema, job_id, "the enqueued job")
+        time.sleep(2 * POLL)
+        assert db.execute(hidden).fetchall() == []
+    later = quick.enqueue("q", "acme", "sync", lane="acme")
+    db.execute(sql.SQL("DELETE FROM {}").format(table(schema, "lane_wakes")))
+    db.execute(
+        sql.SQL(
+            "INSERT INTO {} (queue, lane, due_at) VALUES ('q', 'acme', now() + interval '1 hour')"
+            " ON CONFLICT (queue, lane) DO UPDATE SET due_at = excluded.due_at"
+        ).format(table(schema, "lanes"))
+    )
+    assert [row[0] for row in db.execute(hidden)] == [later]
