@@ -180,11 +180,12 @@ ALTER TABLE {schema}.lanes ADD COLUMN IF NOT EXISTS starts timestamptz[] NOT NUL
 ALTER TABLE {schema}.lanes ADD COLUMN IF NOT EXISTS start_keys uuid[] NOT NULL DEFAULT '{{}}';
 
 -- A page start under a lane's rate: records `units` starts and returns 0 when the last period
--- leaves room for them, else how many seconds until it will (and records nothing). With `force`
--- it records them whatever the room (a page that made more calls than it announced). The lane's
--- own rate, then its queue's, then the one given (the declared one) apply, in that order. A start
--- asked under a `key` already recorded returns 0 and records nothing: it is the same start, sent
--- again after its answer was lost.
+-- leaves room for them, else how many seconds until it will (and records nothing). A lane paused
+-- by a throttle has no room until its pause ends. With `force` it records them whatever the room
+-- or the pause (a page that made more calls than it announced). The lane's own rate, then its
+-- queue's, then the one given (the declared one) apply, in that order. A start asked under a
+-- `key` already recorded returns 0 and records nothing: it is the same start, sent again after
+-- its answer was lost.
 CREATE OR REPLACE FUNCTION {schema}.lane_page_start(
     queue_name text, lane_name text, declared_count integer, declared_period interval,
     units integer, force boolean, start_key uuid
@@ -196,19 +197,24 @@ DECLARE
     kept_keys uuid[];
     seen boolean;
     held integer;
+    pause timestamptz;
 BEGIN
     INSERT INTO {schema}.lanes (queue, lane) VALUES (queue_name, lane_name)
     ON CONFLICT (queue, lane) DO NOTHING;
     SELECT coalesce(l.rate_count, q.rate_count, declared_count),
            coalesce(l.rate_period, q.rate_period, declared_period),
-           coalesce(start_key = ANY (l.start_keys), false), l.starts, l.start_keys
-      INTO allowed, period, seen, kept, kept_keys
+           coalesce(start_key = ANY (l.start_keys), false), l.starts, l.start_keys,
+           l.paused_until
+      INTO allowed, period, seen, kept, kept_keys, pause
       FROM {schema}.lanes l
       LEFT JOIN {schema}.queue_rates q ON q.queue = l.queue
      WHERE l.queue = queue_name AND l.lane = lane_name
        FOR UPDATE OF l;
     IF seen THEN
         RETURN 0;
+    END IF;
+    IF pause > now() AND NOT force THEN
+        RETURN greatest(extract(epoch FROM pause - now()), 0.001);
     END IF;
     -- the starts still in the window, oldest first, each with its key (in one pass)
     SELECT coalesce(array_agg(u.s ORDER BY u.s, u.n), '{{}}'),

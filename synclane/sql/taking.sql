@@ -287,10 +287,12 @@ JOIN unnest(%(done_ids)s::bigint[], %(done_tokens)s::uuid[]) AS d (id, token)
 -- saves the cursors and counts of the slots of one worker whose pages ended at the same instant,
 -- in one statement and one commit, and renews their leases. Each row keeps its own guard: id,
 -- lease token, status = 'running' (false for a slot that lost its lease: it stops and saves
--- nothing more of the job, only holds and then releases the lost lease; the others are saved), and where its page started: the cursor it replaces and
--- the count before it (sent again after a lost answer, a save finds its own and counts nothing
--- twice, also when a page's next cursor is the one it started from: a page with records moves
--- the count on). Also says whether the queue is paused: the jobs then stop at this page boundary
+-- nothing more of the job, only holds and then releases the lost lease; the others are saved),
+-- and where its page started: the cursor it replaces and the count before it (sent again after a
+-- lost answer, a save finds its own and counts nothing twice, also when a page's next cursor is
+-- the one it started from: a page with records moves the count on). Also says whether the queue
+-- is paused, and until when the job's lane is paused by a throttle of a sibling (NULL: it is
+-- not): the job then stops at this page boundary
 WITH given AS (
     SELECT * FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(expected)s::text[],
                          %(counted)s::bigint[], %(cursors)s::text[], %(counts)s::bigint[])
@@ -303,15 +305,21 @@ saved AS (
     FROM given g
     WHERE j.id = g.id AND j.lease_token = g.token AND j.status = 'running'
       AND j.cursor IS NOT DISTINCT FROM g.expected AND j.processed_count = g.counted
-    RETURNING j.id
+    RETURNING j.id, j.lane
 )
-SELECT g.id IN (SELECT id FROM saved) OR EXISTS (
+SELECT s.id IS NOT NULL OR EXISTS (
            SELECT FROM {schema}.jobs j
            WHERE j.id = g.id AND j.lease_token = g.token AND j.status = 'running'
              AND j.cursor IS NOT DISTINCT FROM g.cursor
              AND j.processed_count = g.counted + g.count) AS saved,
-       EXISTS (SELECT FROM {schema}.queue_pauses WHERE queue = %(queue)s) AS paused
+       EXISTS (SELECT FROM {schema}.queue_pauses WHERE queue = %(queue)s) AS paused,
+       -- the lane by primary key (a save sent again finds the job's lane in its row)
+       (SELECT l.paused_until FROM {schema}.lanes l
+        WHERE l.queue = %(queue)s AND l.paused_until > now()
+          AND l.lane = coalesce(s.lane, (SELECT j.lane FROM {schema}.jobs j WHERE j.id = g.id)))
+           AS lane_paused_until
 FROM given g
+LEFT JOIN saved s ON s.id = g.id
 ORDER BY g.number;
 
 -- name: heartbeats
