@@ -25,7 +25,7 @@ from synclane import cli_args, cli_table, cli_work
 from synclane.app import DatabaseUnavailable, OwnerSourceError
 from synclane.cli_args import MAX_LIMIT, PROXY_HELP, PUBLIC_HOST_HELP, REMOTE_HELP, UsageError
 from synclane.errors import SchemaError, first_line
-from synclane.model import STATUSES, ConfigError
+from synclane.model import MAX_WORK_BUDGET, MAX_WORK_RUNS, STATUSES, ConfigError
 from synclane.version import __version__
 
 if TYPE_CHECKING:
@@ -320,13 +320,13 @@ def parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--work-budget",
-        type=cli_args.whole(1, 86_400, "540"),
+        type=cli_args.whole(1, MAX_WORK_BUDGET, "540"),
         default=540,
         help="seconds each `work` run works (default 540)",
     )
     serve.add_argument(
         "--work-runs",
-        type=cli_args.whole(1, 1_000, "2"),
+        type=cli_args.whole(1, MAX_WORK_RUNS, "2"),
         default=1,
         help="how many `work` runs to keep going at once (default 1)",
     )

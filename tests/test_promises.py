@@ -787,6 +787,7 @@ def test_an_owner_source_item_that_is_no_owner_is_left_out_and_the_rest_planned(
         (lambda a: a.jobs(ids=[2**63]), "ids"),
         (lambda a: a.jobs(ids=[0]), "ids"),
         (lambda a: a.jobs(limit=10**20), "limit"),
+        (lambda a: a.progress("q", limit=10**20), "limit"),  # issue 27: NumericValueOutOfRange
         (lambda a: a.jobs(since=timedelta.max), "since"),
         (lambda a: a.failures(since=timedelta.max), "since"),
         (lambda a: a.coverage("q", until=timedelta.min), "until"),

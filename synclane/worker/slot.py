@@ -133,7 +133,10 @@ def retry_delay(attempt: int, base: timedelta, cap: timedelta) -> timedelta:
     """base · 2^(attempt−1), capped, with up to ±10 % jitter so that a failed lane does not
     retry in lockstep with its neighbours."""
     exponent = max(attempt - 1, 0)
-    delay = cap if exponent >= 40 else min(base * (2**exponent), cap)
+    # compared in seconds: base · 2^exponent soon exceeds what a timedelta holds (a day's base
+    # doubled 30 times), where its cap is long reached
+    doubled = base.total_seconds() * 2.0 ** min(exponent, 1000)
+    delay = cap if doubled >= cap.total_seconds() else base * (2**exponent)
     return delay * random.uniform(0.9, 1.1)
 
 
