@@ -23,6 +23,9 @@ IDLE_GRACE = timedelta(seconds=30)
 # (about 2,700 bytes) whatever the script. And the longest error, in characters.
 MAX_NAME_LENGTH = 512
 MAX_ERROR_LENGTH = 2000
+# The longest reason an operator gives for a pause or a cancel, in characters, in Python and on
+# the command line alike (a cancel keeps "Cancelled: <reason>" as the jobs' error).
+MAX_REASON_LENGTH = 1000
 # The longest duration a setting may have. Longer ones overflow PostgreSQL's timestamps (or
 # Python's dates) once added to now, and mean "never" anyway.
 MAX_DURATION = timedelta(days=36525)
@@ -67,6 +70,20 @@ def check_name(what: str, value: object) -> str:
         raise ConfigError(
             f"{what} is {size} bytes long in UTF-8 ({len(value)} characters); keep it to "
             f"{MAX_NAME_LENGTH} bytes"
+        )
+    return value
+
+
+def check_reason(what: str, value: object, example: str) -> str:
+    """An operator's reason (a pause, a cancel): a str with more than blanks, of at most
+    MAX_REASON_LENGTH characters. What PostgreSQL text cannot hold is left out when it is
+    stored (operations.storable), not refused: it is free text."""
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(f"{what} needs a reason, e.g. {example}")
+    if len(value) > MAX_REASON_LENGTH:
+        raise ConfigError(
+            f"{what}: the reason is {len(value):,} characters long; keep it to "
+            f"{MAX_REASON_LENGTH:,}"
         )
     return value
 

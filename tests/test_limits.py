@@ -10,13 +10,15 @@ from typing import Any
 
 import psycopg
 import pytest
+from command_line import Run
+from psycopg import sql
 from workers import arrange, database_now, job_row
 
 from synclane import ConfigError, Job, Page, SyncLane, Throttled
 from synclane.dagster import definitions
-from synclane.model import MAX_DURATION
+from synclane.model import MAX_DURATION, MAX_REASON_LENGTH
 from synclane.prefect.serve import deployments
-from synclane.testing import make_job
+from synclane.testing import make_app, make_job
 from synclane.worker.slot import retry_delay
 
 DAY = timedelta(days=1)
@@ -119,3 +121,42 @@ def test_the_dagster_work_runs_keep_the_bound_of_the_prefect_ones(app: SyncLane)
     with pytest.raises(ConfigError, match="work_runs"):
         definitions(app, work_runs=1001)
     assert definitions(app, work_runs=1000) is not None
+
+
+# -- reasons -------------------------------------------------------------------------------
+
+LONGEST = "🛒" * MAX_REASON_LENGTH  # four bytes each in UTF-8
+
+
+@pytest.mark.parametrize("command", ["pause", "cancel"])
+def test_a_reason_has_one_limit_in_python_and_on_the_command_line(
+    run: Run, db: psycopg.Connection[Any], schema: str, command: str
+) -> None:
+    """`synclane pause --reason` refused more than 512 bytes, while app.pause(reason=...) kept
+    2,000 characters and cut the rest: now both keep a reason of up to 1,000 characters whole
+    and refuse a longer one by name (and `cancel` the same)."""
+    code, _, err = run("plan")
+    assert code == 0, err
+    words = ["--owner", "acme-us"] if command == "cancel" else []
+    code, _, err = run(command, "--queue", "shops", *words, "--reason", LONGEST)
+    assert code == 0, err
+    code, _, err = run(command, "--queue", "shops", *words, "--reason", LONGEST + "!")
+    assert code == 2 and "--reason" in err and f"{MAX_REASON_LENGTH:,}" in err, err
+    assert len(err.strip().splitlines()) == 1, err
+    if command == "pause":
+        query = sql.SQL("SELECT reason FROM {}").format(sql.Identifier(schema, "queue_pauses"))
+        assert db.execute(query).fetchall() == [(LONGEST,)]
+    else:
+        query = sql.SQL("SELECT DISTINCT error FROM {} WHERE status = 'cancelled'").format(
+            sql.Identifier(schema, "jobs")
+        )
+        assert db.execute(query).fetchall() == [(f"Cancelled: {LONGEST}",)]
+
+    app = make_app(db.info.dsn, schema)
+    shops = app.queue("shops")
+    shops.snapshot("products", every=DAY)(lambda job: Page(None))
+    call = app.pause if command == "pause" else lambda q, r: app.cancel(q, "acme-us", r)
+    with pytest.raises(ConfigError, match=rf"reason .*{MAX_REASON_LENGTH:,}"):
+        call("shops", LONGEST + "!")
+    call("shops", LONGEST)  # whole, as on the command line
+    app.close()
