@@ -407,3 +407,11 @@ CREATE TABLE IF NOT EXISTS "synclane".planner (
 -- cost an entry for every job that became open (jobs_waiting answers the same lookups).
 DROP INDEX IF EXISTS "synclane".jobs_open_lanes;
 INSERT INTO "synclane".schema_version (version) VALUES (4) ON CONFLICT DO NOTHING;
+
+-- Version 5 (promises) --------------------------------------------------------------------
+
+-- The key of the statement that last ended a job's lease without finishing it: the lease token
+-- for a hand-back or a wait for the lane's rate, the reclaim's own key for an expired lease. A
+-- statement sent again after its answer was lost finds its own commit by it (also once another
+-- worker has taken the job), so that the worker reports what the table did.
+ALTER TABLE "synclane".jobs ADD COLUMN IF NOT EXISTS release_key uuid;

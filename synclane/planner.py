@@ -259,14 +259,7 @@ class Planner:
         """Delete the finished rows older than `older_than` that nothing reads any more."""
         queues = self.catalog.pick(queue)
         self.database.check_schema()
-        deleted = 0
-        conn = self.database.connect()
-        try:
-            for q in queues:
-                deleted += prune_queue(self.database, conn, q, older_than)
-        finally:
-            conn.close()
-        return deleted
+        return sum(prune_queue(self.database, q, older_than) for q in queues)
 
 
 def lock_key(database: Database, queue: Queue) -> int:

@@ -72,9 +72,7 @@ class Round:
         if retention is not None:
             pruned = clock["pruned_at"]
             if pruned is None or now - pruned >= min(PRUNE_EVERY, retention):
-                deleted = prune_queue(
-                    self.database, self.conn, self.queue, retention, self._now_and_then
-                )
+                deleted = prune_queue(self.database, self.queue, retention, self._now_and_then)
                 self._execute("queue_pruned", {"queue": self.queue.name})
                 if deleted:
                     log.info(

@@ -12,6 +12,7 @@ import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
+from uuid import uuid4
 
 import psycopg
 import pytest
@@ -386,7 +387,7 @@ def test_every_statement_that_puts_a_job_back_in_line_respects_its_lanes_pause(
             "delay": timedelta(seconds=1),
             "previous_status": "pending",
         },
-        "reclaim_expired": {"queue": "q", "max_attempts": 5},
+        "reclaim_expired": {"queue": "q", "max_attempts": 5, "key": uuid4()},
     }[statement]
     if statement == "reclaim_expired":
         arrange(db, schema, job_id, lease_expires_at=database_now(db) - timedelta(seconds=1))

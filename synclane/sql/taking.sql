@@ -434,7 +434,9 @@ SELECT EXISTS (SELECT FROM abandoned WHERE {schema}.unpark_lane(queue, lane, NUL
 -- name: hand_back
 -- a stopping worker returns its job with its cursor, due at once (or when its lane's pause ends);
 -- a stop is not a failed attempt. A hand-back whose page was abandoned before it ended, with no
--- page saved under this lease, is counted (stalls; a saved page resets it)
+-- page saved under this lease, is counted (stalls; a saved page resets it). Sent again after a
+-- lost answer, it finds its own commit by the lease's token (release_key), also once another
+-- worker has taken the job
 WITH back AS (
     UPDATE {schema}.jobs j
     SET status = CASE WHEN %(previous_status)s = 'deferred' THEN 'deferred' ELSE 'pending' END,
@@ -443,17 +445,22 @@ WITH back AS (
                                (SELECT l.paused_until FROM {schema}.lanes l
                                 WHERE l.queue = j.queue AND l.lane = j.lane)),
         stalls = stalls + CASE WHEN %(stalled)s THEN 1 ELSE 0 END,
+        release_key = lease_token,
         leased_by = NULL, lease_token = NULL, lease_expires_at = NULL
     WHERE id = %(id)s AND lease_token = %(token)s AND status = 'running'
     RETURNING id, queue, lane, next_run_at
 )
-SELECT id FROM back WHERE {schema}.unpark_lane(queue, lane, next_run_at, id) >= 0;
+SELECT id FROM back WHERE {schema}.unpark_lane(queue, lane, next_run_at, id) >= 0
+UNION ALL
+SELECT id FROM {schema}.jobs
+WHERE id = %(id)s AND release_key = %(token)s AND NOT EXISTS (SELECT FROM back);
 
 -- name: wait_for_rate
 -- the lane's rate leaves no room for another page start yet: the job goes back in line with its
 -- cursor and its attempt, due when the lane has room, and the lane's other open jobs wait as long
 -- (so that no slot takes one only to hand it back), or until its pause ends if that is later; the
--- slot takes something else meanwhile
+-- slot takes something else meanwhile. Sent again after a lost answer, it finds its own commit by
+-- the lease's token (release_key) and says until when the job waits
 WITH back AS (
     UPDATE {schema}.jobs j
     SET status = CASE WHEN %(previous_status)s = 'deferred' THEN 'deferred' ELSE 'pending' END,
@@ -461,6 +468,7 @@ WITH back AS (
         next_run_at = greatest(now() + %(delay)s,
                                (SELECT l.paused_until FROM {schema}.lanes l
                                 WHERE l.queue = j.queue AND l.lane = j.lane)),
+        release_key = lease_token,
         leased_by = NULL, lease_token = NULL, lease_expires_at = NULL
     WHERE id = %(id)s AND lease_token = %(token)s AND status = 'running'
     RETURNING id, queue, lane, next_run_at
@@ -474,7 +482,10 @@ lane AS (
     RETURNING o.id
 )
 SELECT next_run_at, (SELECT count(*) FROM lane) AS pushed FROM back
-WHERE {schema}.unpark_lane(queue, lane, next_run_at, id) >= 0;
+WHERE {schema}.unpark_lane(queue, lane, next_run_at, id) >= 0
+UNION ALL
+SELECT next_run_at, 0 FROM {schema}.jobs
+WHERE id = %(id)s AND release_key = %(token)s AND NOT EXISTS (SELECT FROM back);
 
 -- name: lane_page_starts
 -- the page starts of the slots of one worker that fall due at the same instant, in one
@@ -525,7 +536,8 @@ WHERE {schema}.unpark_lane(
 -- name: reclaim_expired
 -- jobs whose worker stopped renewing its lease go back in line, due at once (or when the lane's
 -- pause ends); the attempt counts as failed (after_failed_attempt); the dead worker's late writes
--- no longer match the cleared token
+-- no longer match the cleared token. Each reclaimed job keeps the reclaim's %(key)s
+-- (release_key): after its commit went unanswered, the worker finds by it whether it committed
 WITH reclaimed AS (
     UPDATE {schema}.jobs j
     SET status = {schema}.after_failed_attempt(attempt_count, %(max_attempts)s),
@@ -535,6 +547,7 @@ WITH reclaimed AS (
         next_run_at = greatest(now(),
                                (SELECT l.paused_until FROM {schema}.lanes l
                                 WHERE l.queue = j.queue AND l.lane = j.lane)),
+        release_key = %(key)s,
         leased_by = NULL, lease_token = NULL, lease_expires_at = NULL
     WHERE queue = %(queue)s AND status = 'running' AND lease_expires_at < now()
     RETURNING id, queue, owner, lane, type, mode, window_start, window_end, status,
@@ -544,6 +557,12 @@ SELECT id, owner, lane, type, mode, window_start, window_end, status, attempt_co
 FROM reclaimed
 WHERE {schema}.unpark_lane(
     queue, lane, CASE WHEN status <> 'abandoned' THEN next_run_at END, id) >= 0;
+
+-- name: reclaimed_under_key
+-- whether a reclaim whose commit went unanswered committed: its jobs carry its key (a later
+-- take or finish of theirs leaves release_key alone; only another release changes it)
+SELECT EXISTS (SELECT FROM {schema}.jobs
+               WHERE id = ANY (%(ids)s::bigint[]) AND release_key = %(key)s) AS committed;
 
 -- name: release_expired_holds
 -- leases still held on jobs that stopped running (a cancelled job whose page was in flight,

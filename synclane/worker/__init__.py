@@ -32,9 +32,9 @@ from synclane.errors import OwnerSourceError, WorkerDied, error_text
 from synclane.events import Event, Kind, Listener, listeners
 from synclane.model import IDLE_GRACE, ConfigError, to_duration
 from synclane.queues import Queue
-from synclane.wakeup import notify_work_async
 from synclane.worker.lease import Lease, LeaseLost, PageWrites, Writer
 from synclane.worker.presence import FreedLanes, Presence
+from synclane.worker.reclaim import reclaim
 from synclane.worker.slot import Crew, Slot, describe, retry_delay
 from synclane.worker.taker import Batch, LeasedJob, Taker
 
@@ -510,26 +510,15 @@ class Worker:
 
     async def _reclaim_loop(self) -> None:
         assert self._crew is not None
-        pool, store = self._crew.writer.pool, self.database.store
+        writer = self._crew.writer
         while not self.stopping:
             for queue in self.queues:
-                params = {"queue": queue.name, "max_attempts": queue.settings.max_attempts}
                 try:
-                    async with pool.connection() as conn:
-                        cur = await conn.execute(store.query("reclaim_expired"), params)
-                        rows = await cur.fetchall()
-                        names = [d.name for d in cur.description or []]
-                        released = await conn.execute(
-                            store.query("release_expired_holds"), {"queue": queue.name}
-                        )
-                        freed = await released.fetchall()
-                        if rows or freed:  # due again: idle workers elsewhere may take them
-                            await notify_work_async(conn, store, [queue.name])
-                except psycopg.Error as error:
+                    rows, freed = await reclaim(writer, queue)
+                except (psycopg.Error, LeaseLost) as error:
                     log.warning("reclaiming expired leases failed: %s", error_text(error))
                     continue
-                for values in rows:
-                    row = dict(zip(names, values, strict=True))
+                for row in rows:
                     self.report["reclaimed"] += 1
                     job = SimpleNamespace(queue=queue.name, **row)
                     log.warning("%s: lease expired, reclaimed as %s", describe(job), row["status"])  # type: ignore[arg-type]
