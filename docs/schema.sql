@@ -415,3 +415,11 @@ INSERT INTO "synclane".schema_version (version) VALUES (4) ON CONFLICT DO NOTHIN
 -- statement sent again after its answer was lost finds its own commit by it (also once another
 -- worker has taken the job), so that the worker reports what the table did.
 ALTER TABLE "synclane".jobs ADD COLUMN IF NOT EXISTS release_key uuid;
+
+-- The planning round of a queue holds a lease on its planner row (synclane/rounds.py): a token and
+-- an end, renewed while the round works, so that a planner stopped in its round (SIGSTOP, a
+-- frozen machine) keeps the others from planning the queue only until its lease ends. (It
+-- replaces a transaction advisory lock, which a stopped planner kept for as long as it was
+-- stopped, and which a transaction pooler cannot carry.)
+ALTER TABLE "synclane".planner ADD COLUMN IF NOT EXISTS planning_token uuid;
+ALTER TABLE "synclane".planner ADD COLUMN IF NOT EXISTS planning_until timestamptz;

@@ -16,6 +16,7 @@ from synclane import planning
 from synclane.batches import retrying
 from synclane.connection import Database
 from synclane.queues import Queue
+from synclane.steps import limit_idle_transaction
 
 # Owners and types per prune statement: each statement reads their rows and holds its locks for
 # well under a second.
@@ -25,6 +26,8 @@ PRUNE_GROUPS = 50
 PRUNE_EVERY = timedelta(hours=1)
 # How long a prune waits before each new connection after one broke in a batch.
 RECONNECT_DELAYS = (0.2, 0.5, 1.0, 2.0, 5.0)
+# How long the server keeps a batch's transaction whose client stopped answering.
+IDLE_TIMEOUT = timedelta(minutes=1)
 
 
 def prune_queue(
@@ -99,6 +102,8 @@ def _transaction(
     """The statement and its commit; the ids it deleted go to `answered` before the commit."""
     answered.clear()
     with conn.transaction():
+        # a prune stopped in the middle of its batch holds its rows' locks no longer than this
+        limit_idle_transaction(conn, IDLE_TIMEOUT)
         row = conn.execute(statement, params).fetchone()
         assert row is not None
         answered.append(list(row[0]))
