@@ -69,6 +69,29 @@ class _Channel(HTTPChannel):
 class _Server(TcpWSGIServer):
     channel_class = _Channel
     request_timeout = 10.0
+    # The page's connection limit. waitress is given a far higher one: at its own limit it stops
+    # accepting, and then a hundred connections left idle kept every new client waiting until
+    # they timed out. This server accepts and makes room instead (`_make_room`).
+    connection_limit = 100
+
+    def handle_accept(self) -> None:
+        super().handle_accept()
+        self._make_room()
+
+    def _make_room(self) -> None:
+        """Over the connection limit, or over an address's share of it (a quarter, at least
+        8), close the connections that hold a socket and no work: idle ones first, longest idle
+        first, then those whose request is still arriving, the slowest first. A request being
+        answered is never cut here."""
+        channels: dict[int, Any] = getattr(self, "active_channels", {})
+        limit = self.connection_limit
+        share = max(limit // 4, 8)
+        by_address: dict[str, list[Any]] = {}
+        for channel in channels.values():
+            by_address.setdefault(_address(channel), []).append(channel)
+        for crowd in by_address.values():
+            _close_some(crowd, len(crowd) - share)
+        _close_some(list(channels.values()), len(channels) - limit)
 
     def maintenance(self, now: Any) -> None:
         """waitress closes connections idle for `channel_timeout`; this also closes those
@@ -80,6 +103,22 @@ class _Server(TcpWSGIServer):
             busy = channel.request is not None or channel.requests or channel.total_outbufs_len
             if busy and channel.began < cutoff:
                 channel.will_close = True
+
+
+def _address(channel: Any) -> str:
+    addr = getattr(channel, "addr", None)
+    return str(addr[0]) if isinstance(addr, tuple) and addr else str(addr)
+
+
+def _close_some(channels: list[Any], excess: int) -> None:
+    """Close up to `excess` of these connections, those that cost least to lose first."""
+    if excess <= 0:
+        return
+    idle = [c for c in channels if c.request is None and not c.requests and not c.total_outbufs_len]
+    arriving = [c for c in channels if c.request is not None and not c.requests]
+    victims = sorted(idle, key=lambda c: c.last_activity) + sorted(arriving, key=lambda c: c.began)
+    for channel in victims[:excess]:
+        channel.handle_close()
 
 
 class DashboardServer:
@@ -104,7 +143,7 @@ class DashboardServer:
         family = socket.AF_INET6 if ":" in name else socket.AF_INET
         adjustments = Adjustments(
             threads=threads,
-            connection_limit=connection_limit,
+            connection_limit=connection_limit * 10,  # a backstop; _Server keeps the limit
             channel_timeout=request_timeout,
             cleanup_interval=min(1.0, request_timeout / 4),
             max_request_header_size=MAX_HEAD,
@@ -115,7 +154,11 @@ class DashboardServer:
             asyncore_use_poll=True,
             expose_tracebacks=False,
         )
-        server_class = type("_BoundServer", (_Server,), {"request_timeout": request_timeout})
+        server_class = type(
+            "_BoundServer",
+            (_Server,),
+            {"request_timeout": request_timeout, "connection_limit": connection_limit},
+        )
         self._server = server_class(
             dashboard,
             map=self._map,
