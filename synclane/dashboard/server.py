@@ -111,12 +111,18 @@ def _address(channel: Any) -> str:
 
 
 def _close_some(channels: list[Any], excess: int) -> None:
-    """Close up to `excess` of these connections, those that cost least to lose first."""
+    """Close up to `excess` of these connections, those that cost least to lose first: the
+    longest idle, then the longest arriving, and the one just accepted last of all (it is idle
+    too, but it has had no chance yet)."""
     if excess <= 0:
         return
-    idle = [c for c in channels if c.request is None and not c.requests and not c.total_outbufs_len]
-    arriving = [c for c in channels if c.request is not None and not c.requests]
+    newest = max(channels, key=lambda c: c.creation_time)
+    others = [c for c in channels if c is not newest]
+    idle = [c for c in others if c.request is None and not c.requests and not c.total_outbufs_len]
+    arriving = [c for c in others if c.request is not None and not c.requests]
     victims = sorted(idle, key=lambda c: c.last_activity) + sorted(arriving, key=lambda c: c.began)
+    if newest.request is None and not newest.requests:
+        victims.append(newest)
     for channel in victims[:excess]:
         channel.handle_close()
 
