@@ -307,10 +307,9 @@ def test_the_page_answers_others_while_clients_dribble_and_idle(page: PageProces
     """Issue 27: five clients sending a request one byte at a time and a hundred connections
     opened and left idle filled the page's connection limit; waitress then stopped accepting,
     and GET /api/state waited 9.6 s for the idle ones to time out. At the limit, the page closes
-    the longest idle connection (and keeps each address to a share of the limit) instead. Here
-    thirty clients dribble, more than one address's share: the newcomer still gets in."""
+    the longest idle connection (then the slowest request still arriving) instead: never the
+    one just accepted, so thirty dribbling clients cannot shut a newcomer out either."""
     stop = threading.Event()
-    # more than an address's share of the limit dribbling too: the newcomer is still let in
     dribblers = [threading.Thread(target=dribble, args=(page.port, stop)) for _ in range(30)]
     for thread in dribblers:
         thread.start()

@@ -34,6 +34,9 @@ from synclane.model import ConfigError
 log = logging.getLogger("synclane.dashboard")
 
 MAX_HEAD = 16 * 1024  # the request line and headers together
+# A request still arriving after this many seconds is slow: at the connection limit, it may be
+# closed to make room.
+SLOW_REQUEST = 1.0
 
 
 class _ErrorAnswer(ErrorTask):
@@ -79,19 +82,13 @@ class _Server(TcpWSGIServer):
         self._make_room()
 
     def _make_room(self) -> None:
-        """Over the connection limit, or over an address's share of it (a quarter, at least
-        8), close the connections that hold a socket and no work: idle ones first, longest idle
-        first, then those whose request is still arriving, the slowest first. A request being
-        answered is never cut here."""
+        """Over the connection limit, close the connections that hold a socket and no work:
+        idle ones first, longest idle first, then those whose request has been arriving for
+        over a second (a client that sends its request in one go needs milliseconds), the
+        slowest first. A request being answered is never cut here. (No share per address: behind
+        a proxy every viewer comes from one.)"""
         channels: dict[int, Any] = getattr(self, "active_channels", {})
-        limit = self.connection_limit
-        share = max(limit // 4, 8)
-        by_address: dict[str, list[Any]] = {}
-        for channel in channels.values():
-            by_address.setdefault(_address(channel), []).append(channel)
-        for crowd in by_address.values():
-            _close_some(crowd, len(crowd) - share)
-        _close_some(list(channels.values()), len(channels) - limit)
+        _close_some(list(channels.values()), len(channels) - self.connection_limit)
 
     def maintenance(self, now: Any) -> None:
         """waitress closes connections idle for `channel_timeout`; this also closes those
@@ -105,11 +102,6 @@ class _Server(TcpWSGIServer):
                 channel.will_close = True
 
 
-def _address(channel: Any) -> str:
-    addr = getattr(channel, "addr", None)
-    return str(addr[0]) if isinstance(addr, tuple) and addr else str(addr)
-
-
 def _close_some(channels: list[Any], excess: int) -> None:
     """Close up to `excess` of these connections, those that cost least to lose first: the
     longest idle, then the longest arriving, and the one just accepted last of all (it is idle
@@ -119,7 +111,8 @@ def _close_some(channels: list[Any], excess: int) -> None:
     newest = max(channels, key=lambda c: c.creation_time)
     others = [c for c in channels if c is not newest]
     idle = [c for c in others if c.request is None and not c.requests and not c.total_outbufs_len]
-    arriving = [c for c in others if c.request is not None and not c.requests]
+    slow = time.monotonic() - SLOW_REQUEST
+    arriving = [c for c in others if c.request is not None and not c.requests and c.began < slow]
     victims = sorted(idle, key=lambda c: c.last_activity) + sorted(arriving, key=lambda c: c.began)
     if newest.request is None and not newest.requests:
         victims.append(newest)
