@@ -178,11 +178,12 @@ ALTER TABLE "synclane".lanes ADD COLUMN IF NOT EXISTS starts timestamptz[] NOT N
 ALTER TABLE "synclane".lanes ADD COLUMN IF NOT EXISTS start_keys uuid[] NOT NULL DEFAULT '{}';
 
 -- A page start under a lane's rate: records `units` starts and returns 0 when the last period
--- leaves room for them, else how many seconds until it will (and records nothing). With `force`
--- it records them whatever the room (a page that made more calls than it announced). The lane's
--- own rate, then its queue's, then the one given (the declared one) apply, in that order. A start
--- asked under a `key` already recorded returns 0 and records nothing: it is the same start, sent
--- again after its answer was lost.
+-- leaves room for them, else how many seconds until it will (and records nothing). A lane paused
+-- by a throttle has no room until its pause ends. With `force` it records them whatever the room
+-- or the pause (a page that made more calls than it announced). The lane's own rate, then its
+-- queue's, then the one given (the declared one) apply, in that order. A start asked under a
+-- `key` already recorded returns 0 and records nothing: it is the same start, sent again after
+-- its answer was lost.
 CREATE OR REPLACE FUNCTION "synclane".lane_page_start(
     queue_name text, lane_name text, declared_count integer, declared_period interval,
     units integer, force boolean, start_key uuid
@@ -194,19 +195,24 @@ DECLARE
     kept_keys uuid[];
     seen boolean;
     held integer;
+    pause timestamptz;
 BEGIN
     INSERT INTO "synclane".lanes (queue, lane) VALUES (queue_name, lane_name)
     ON CONFLICT (queue, lane) DO NOTHING;
     SELECT coalesce(l.rate_count, q.rate_count, declared_count),
            coalesce(l.rate_period, q.rate_period, declared_period),
-           coalesce(start_key = ANY (l.start_keys), false), l.starts, l.start_keys
-      INTO allowed, period, seen, kept, kept_keys
+           coalesce(start_key = ANY (l.start_keys), false), l.starts, l.start_keys,
+           l.paused_until
+      INTO allowed, period, seen, kept, kept_keys, pause
       FROM "synclane".lanes l
       LEFT JOIN "synclane".queue_rates q ON q.queue = l.queue
      WHERE l.queue = queue_name AND l.lane = lane_name
        FOR UPDATE OF l;
     IF seen THEN
         RETURN 0;
+    END IF;
+    IF pause > now() AND NOT force THEN
+        RETURN greatest(extract(epoch FROM pause - now()), 0.001);
     END IF;
     -- the starts still in the window, oldest first, each with its key (in one pass)
     SELECT coalesce(array_agg(u.s ORDER BY u.s, u.n), '{}'),
@@ -486,4 +492,20 @@ BEGIN
     END IF;
 END
 $upgrade$;
+-- Version 5, continued: lost answers and the planning lease -------------------------------
+
+-- The key of the statement that last ended a job's lease without finishing it: the lease token
+-- for a hand-back or a wait for the lane's rate, the reclaim's own key for an expired lease. A
+-- statement sent again after its answer was lost finds its own commit by it (also once another
+-- worker has taken the job), so that the worker reports what the table did.
+ALTER TABLE "synclane".jobs ADD COLUMN IF NOT EXISTS release_key uuid;
+
+-- The planning round of a queue holds a lease on its planner row (synclane/rounds.py): a token and
+-- an end, renewed while the round works, so that a planner stopped in its round (SIGSTOP, a
+-- frozen machine) keeps the others from planning the queue only until its lease ends. (It
+-- replaces a transaction advisory lock, which a stopped planner kept for as long as it was
+-- stopped, and which a transaction pooler cannot carry.)
+ALTER TABLE "synclane".planner ADD COLUMN IF NOT EXISTS planning_token uuid;
+ALTER TABLE "synclane".planner ADD COLUMN IF NOT EXISTS planning_until timestamptz;
+
 INSERT INTO "synclane".schema_version (version) VALUES (5) ON CONFLICT DO NOTHING;

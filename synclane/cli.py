@@ -25,7 +25,13 @@ from synclane import cli_args, cli_table, cli_work
 from synclane.app import DatabaseUnavailable, OwnerSourceError
 from synclane.cli_args import MAX_LIMIT, PROXY_HELP, PUBLIC_HOST_HELP, REMOTE_HELP, UsageError
 from synclane.errors import SchemaError, first_line
-from synclane.model import STATUSES, ConfigError
+from synclane.model import (
+    MAX_REASON_LENGTH,
+    MAX_WORK_BUDGET,
+    MAX_WORK_RUNS,
+    STATUSES,
+    ConfigError,
+)
 from synclane.version import __version__
 
 if TYPE_CHECKING:
@@ -255,7 +261,10 @@ def parser() -> argparse.ArgumentParser:
     )
     cli_args.add_filters(cancel, queue="the queue (needed when the app has several)")
     cancel.add_argument(
-        "--reason", type=name("--reason"), required=True, help="kept in the jobs' error"
+        "--reason",
+        type=cli_args.reason("cancel"),
+        required=True,
+        help=f"kept in the jobs' error (at most {MAX_REASON_LENGTH:,} characters)",
     )
 
     pause = command(
@@ -268,7 +277,10 @@ def parser() -> argparse.ArgumentParser:
         "--queue", type=name("--queue"), help="the queue (needed when the app has several)"
     )
     pause.add_argument(
-        "--reason", type=name("--reason"), required=True, help="why, shown to everyone"
+        "--reason",
+        type=cli_args.reason("pause"),
+        required=True,
+        help=f"why, shown to everyone (at most {MAX_REASON_LENGTH:,} characters)",
     )
     resume = command(
         "resume",
@@ -320,13 +332,13 @@ def parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--work-budget",
-        type=cli_args.whole(1, 86_400, "540"),
+        type=cli_args.whole(1, MAX_WORK_BUDGET, "540"),
         default=540,
         help="seconds each `work` run works (default 540)",
     )
     serve.add_argument(
         "--work-runs",
-        type=cli_args.whole(1, 1_000, "2"),
+        type=cli_args.whole(1, MAX_WORK_RUNS, "2"),
         default=1,
         help="how many `work` runs to keep going at once (default 1)",
     )

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 
 from synclane import loading
 from synclane.app import OwnerSourceError, SyncLane
-from synclane.model import MAX_DURATION, ConfigError, check_name
+from synclane.model import MAX_DURATION, ConfigError, check_name, check_reason
 
 
 class UsageError(Exception):
@@ -149,6 +149,18 @@ def cause_id(text: str) -> str:
             "first column, e.g. 3f2a9c1b"
         )
     return text.strip().lower()
+
+
+def reason(command: str) -> Callable[[str], str]:
+    """--reason: the limit app.pause and app.cancel keep (check_reason)."""
+
+    def parse(text: str) -> str:
+        try:
+            return check_reason(command, text, f"{command} --reason 'warehouse maintenance'")
+        except ConfigError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+
+    return parse
 
 
 def name(what: str) -> Callable[[str], str]:

@@ -19,7 +19,7 @@ import psycopg
 
 from synclane.connection import Database
 from synclane.errors import storable
-from synclane.model import ConfigError, Rate, check_aware, check_name, unstorable
+from synclane.model import ConfigError, Rate, check_aware, check_name, check_reason, unstorable
 from synclane.owners import owner_batches
 from synclane.queues import Catalog, Queue
 from synclane.steps import Blocking, Fetch, Steps, run, run_async
@@ -204,10 +204,9 @@ class Operations:
         check_name("owner", owner)
         if type is not None:
             q.job_type(type)
-        if not isinstance(reason, str) or not reason.strip():
-            raise ConfigError("cancel needs a reason, e.g. cancel('shops', owner, 'disconnected')")
+        check_reason("cancel", reason, "cancel('shops', owner, 'disconnected')")
         # Free text: kept as given, less what PostgreSQL text cannot hold.
-        error = storable(f"Cancelled: {reason}")[:2000]
+        error = storable(f"Cancelled: {reason}")
         params = {"queue": q.name, "owner": owner, "type": type, "error": error}
         cancelled = self._changing("cancel_jobs", params)
         if cancelled:
@@ -230,13 +229,10 @@ class Operations:
 
     def pause(self, queue: str, reason: str, by: str | None = None) -> dict[str, Any]:
         q = self.catalog.get(queue)
-        if not isinstance(reason, str) or not reason.strip():
-            raise ConfigError(
-                "pause needs a reason, e.g. pause('shops', 'warehouse maintenance until 14:00')"
-            )
+        check_reason("pause", reason, "pause('shops', 'warehouse maintenance until 14:00')")
         who = by if by is not None else default_author()
         check_name("by", who)
-        params = {"queue": q.name, "reason": storable(reason)[:2000], "by": who}
+        params = {"queue": q.name, "reason": storable(reason), "by": who}
         with self.database.connection() as conn:
             row = conn.execute(self.database.store.query("pause_queue"), params).fetchone()
         assert row is not None

@@ -47,6 +47,7 @@ COLUMNS = {
     "stalls": "integer",
     "lane_slot": "smallint",
     "queue_slot": "integer",
+    "release_key": "uuid",
 }
 
 

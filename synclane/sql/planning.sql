@@ -170,10 +170,31 @@ LIMIT %(limit)s;
 -- the lane the owners table plans an owner into (no row: an owner it does not know)
 SELECT lane FROM {schema}.owners WHERE queue = %(queue)s AND owner = %(owner)s;
 
--- name: plan_lock
--- one planning round per queue at a time, across every process: a transaction lock that another
--- round does not wait for (false: someone else plans this queue now, skip the round)
-SELECT pg_try_advisory_xact_lock(%(key)s::bigint) AS locked;
+-- name: take_planning_lease
+-- one planning round per queue at a time, across every process: the round holds a lease on the
+-- queue's planner row (its token and an end, like a job's lease), renewed while it works, and
+-- another round does not wait for it (no row: someone else plans this queue now, skip the
+-- round). A lease its round stopped renewing (a planner frozen or dead) ends, and the next round
+-- takes it
+INSERT INTO {schema}.planner AS p (queue, planning_token, planning_until)
+VALUES (%(queue)s, %(token)s, now() + %(lease)s)
+ON CONFLICT (queue) DO UPDATE
+SET planning_token = excluded.planning_token, planning_until = excluded.planning_until
+WHERE p.planning_token IS NULL OR p.planning_until <= now()
+RETURNING p.planning_until;
+
+-- name: renew_planning_lease
+-- the round goes on to its next batch: its lease is renewed while the row still carries its
+-- token (also once it ended, if no other round started since); no row: another round started
+-- (this planner was stopped for longer than its lease), and this one ends
+UPDATE {schema}.planner SET planning_until = now() + %(lease)s
+WHERE queue = %(queue)s AND planning_token = %(token)s
+RETURNING planning_until;
+
+-- name: release_planning_lease
+-- the round is over: the next one may start at once, in any process
+UPDATE {schema}.planner SET planning_token = NULL, planning_until = NULL
+WHERE queue = %(queue)s AND planning_token = %(token)s;
 
 -- name: planner_clock
 -- the database clock, and when this queue's owners were last reconciled and it was last pruned

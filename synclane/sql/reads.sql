@@ -280,20 +280,25 @@ ORDER BY queue, lane,
 -- name: coverage
 -- the windows of each owner and type as spans for a timeline, merged in the database: windows
 -- that follow each other without a gap and share a status are one span; a gap or another
--- status starts a new one
-WITH windows AS (
+-- status starts a new one. A span is clipped to the range asked for, so that it is the same
+-- whether its windows are rows of their own or were merged into one by a prune; its records are
+-- those of the jobs behind it, each counted whole
+WITH asked AS (
+    SELECT coalesce(%(since)s::timestamptz, now() - %(since_ago)s::interval, '-infinity')
+               AS since,
+           coalesce(%(until)s::timestamptz, now() - %(until_ago)s::interval, 'infinity')
+               AS until
+),
+windows AS (
     SELECT owner, type, status, window_start, window_end, processed_count, id,
            lag(status) OVER w AS previous_status,
            max(window_end) OVER (w ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS reached
-    FROM {schema}.jobs
+    FROM {schema}.jobs, asked
     WHERE queue = %(queue)s AND window_start IS NOT NULL AND window_end IS NOT NULL
       AND (%(owner)s::text IS NULL OR owner = %(owner)s)
       AND (%(type)s::text IS NULL OR type = %(type)s)
       AND (%(statuses)s::text[] IS NULL OR status = ANY (%(statuses)s::text[]))
-      AND window_end > coalesce(%(since)s::timestamptz, now() - %(since_ago)s::interval,
-                                '-infinity')
-      AND window_start < coalesce(%(until)s::timestamptz, now() - %(until_ago)s::interval,
-                                  'infinity')
+      AND window_end > asked.since AND window_start < asked.until
     WINDOW w AS (PARTITION BY owner, type ORDER BY window_start, window_end, id)
 ),
 numbered AS (
@@ -302,13 +307,17 @@ numbered AS (
                               OR reached < window_start)
                OVER (PARTITION BY owner, type ORDER BY window_start, window_end, id) AS span
     FROM windows
+),
+spans AS (
+    SELECT owner, type, status, greatest(min(window_start), (SELECT since FROM asked)) AS s,
+           least(max(window_end), (SELECT until FROM asked)) AS e,
+           count(*) AS jobs, sum(processed_count)::bigint AS records
+    FROM numbered
+    GROUP BY owner, type, span, status
 )
-SELECT owner, type, status, min(window_start) AS window_start, max(window_end) AS window_end,
-       max(window_end) - min(window_start) AS duration,
-       count(*) AS jobs, sum(processed_count)::bigint AS records
-FROM numbered
-GROUP BY owner, type, span, status
-ORDER BY owner, type, min(window_start);
+SELECT owner, type, status, s AS window_start, e AS window_end, e - s AS duration, jobs, records
+FROM spans
+ORDER BY owner, type, s;
 
 -- name: throughput
 -- records and completed jobs per period of `every` seconds (aligned to the epoch) in the

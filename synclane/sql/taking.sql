@@ -306,10 +306,12 @@ JOIN unnest(%(done_ids)s::bigint[], %(done_tokens)s::uuid[]) AS d (id, token)
 -- saves the cursors and counts of the slots of one worker whose pages ended at the same instant,
 -- in one statement and one commit, and renews their leases. Each row keeps its own guard: id,
 -- lease token, status = 'running' (false for a slot that lost its lease: it stops and saves
--- nothing more of the job, only holds and then releases the lost lease; the others are saved), and where its page started: the cursor it replaces and
--- the count before it (sent again after a lost answer, a save finds its own and counts nothing
--- twice, also when a page's next cursor is the one it started from: a page with records moves
--- the count on). Also says whether the queue is paused: the jobs then stop at this page boundary
+-- nothing more of the job, only holds and then releases the lost lease; the others are saved),
+-- and where its page started: the cursor it replaces and the count before it (sent again after a
+-- lost answer, a save finds its own and counts nothing twice, also when a page's next cursor is
+-- the one it started from: a page with records moves the count on). Also says whether the queue
+-- is paused, and until when the job's lane is paused by a throttle of a sibling (NULL: it is
+-- not): the job then stops at this page boundary
 WITH given AS (
     SELECT * FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(expected)s::text[],
                          %(counted)s::bigint[], %(cursors)s::text[], %(counts)s::bigint[])
@@ -322,15 +324,21 @@ saved AS (
     FROM given g
     WHERE j.id = g.id AND j.lease_token = g.token AND j.status = 'running'
       AND j.cursor IS NOT DISTINCT FROM g.expected AND j.processed_count = g.counted
-    RETURNING j.id
+    RETURNING j.id, j.lane
 )
-SELECT g.id IN (SELECT id FROM saved) OR EXISTS (
+SELECT s.id IS NOT NULL OR EXISTS (
            SELECT FROM {schema}.jobs j
            WHERE j.id = g.id AND j.lease_token = g.token AND j.status = 'running'
              AND j.cursor IS NOT DISTINCT FROM g.cursor
              AND j.processed_count = g.counted + g.count) AS saved,
-       EXISTS (SELECT FROM {schema}.queue_pauses WHERE queue = %(queue)s) AS paused
+       EXISTS (SELECT FROM {schema}.queue_pauses WHERE queue = %(queue)s) AS paused,
+       -- the lane by primary key (a save sent again finds the job's lane in its row)
+       (SELECT l.paused_until FROM {schema}.lanes l
+        WHERE l.queue = %(queue)s AND l.paused_until > now()
+          AND l.lane = coalesce(s.lane, (SELECT j.lane FROM {schema}.jobs j WHERE j.id = g.id)))
+           AS lane_paused_until
 FROM given g
+LEFT JOIN saved s ON s.id = g.id
 ORDER BY g.number;
 
 -- name: heartbeats
@@ -448,7 +456,9 @@ SELECT EXISTS (SELECT FROM abandoned) OR EXISTS (
 -- name: hand_back
 -- a stopping worker returns its job with its cursor, due at once (or when its lane's pause ends);
 -- a stop is not a failed attempt. A hand-back whose page was abandoned before it ended, with no
--- page saved under this lease, is counted (stalls; a saved page resets it)
+-- page saved under this lease, is counted (stalls; a saved page resets it). Sent again after a
+-- lost answer, it finds its own commit by the lease's token (release_key), also once another
+-- worker has taken the job
 WITH back AS (
     UPDATE {schema}.jobs j
     SET status = CASE WHEN %(previous_status)s = 'deferred' THEN 'deferred' ELSE 'pending' END,
@@ -457,17 +467,22 @@ WITH back AS (
                                (SELECT l.paused_until FROM {schema}.lanes l
                                 WHERE l.queue = j.queue AND l.lane = j.lane)),
         stalls = stalls + CASE WHEN %(stalled)s THEN 1 ELSE 0 END,
+        release_key = lease_token,
         leased_by = NULL, lease_token = NULL, lease_expires_at = NULL
     WHERE id = %(id)s AND lease_token = %(token)s AND status = 'running'
     RETURNING id, queue, lane, next_run_at
 )
-SELECT id FROM back;
+SELECT id FROM back
+UNION ALL
+SELECT id FROM {schema}.jobs
+WHERE id = %(id)s AND release_key = %(token)s AND NOT EXISTS (SELECT FROM back);
 
 -- name: wait_for_rate
 -- the lane's rate leaves no room for another page start yet: the job goes back in line with its
 -- cursor and its attempt, due when the lane has room, and the lane's other open jobs wait as long
 -- (so that no slot takes one only to hand it back), or until its pause ends if that is later; the
--- slot takes something else meanwhile
+-- slot takes something else meanwhile. Sent again after a lost answer, it finds its own commit by
+-- the lease's token (release_key) and says until when the job waits
 WITH back AS (
     UPDATE {schema}.jobs j
     SET status = CASE WHEN %(previous_status)s = 'deferred' THEN 'deferred' ELSE 'pending' END,
@@ -475,6 +490,7 @@ WITH back AS (
         next_run_at = greatest(now() + %(delay)s,
                                (SELECT l.paused_until FROM {schema}.lanes l
                                 WHERE l.queue = j.queue AND l.lane = j.lane)),
+        release_key = lease_token,
         leased_by = NULL, lease_token = NULL, lease_expires_at = NULL
     WHERE id = %(id)s AND lease_token = %(token)s AND status = 'running'
     RETURNING id, queue, lane, next_run_at
@@ -487,7 +503,10 @@ lane AS (
       AND o.status IN ('pending', 'failed', 'deferred') AND o.next_run_at < b.next_run_at
     RETURNING o.id
 )
-SELECT next_run_at, (SELECT count(*) FROM lane) AS pushed FROM back;
+SELECT next_run_at, (SELECT count(*) FROM lane) AS pushed FROM back
+UNION ALL
+SELECT next_run_at, 0 FROM {schema}.jobs
+WHERE id = %(id)s AND release_key = %(token)s AND NOT EXISTS (SELECT FROM back);
 
 -- name: lane_page_starts
 -- the page starts of the slots of one worker that fall due at the same instant, in one
@@ -535,7 +554,8 @@ SELECT id FROM released;
 -- name: reclaim_expired
 -- jobs whose worker stopped renewing its lease go back in line, due at once (or when the lane's
 -- pause ends); the attempt counts as failed (after_failed_attempt); the dead worker's late writes
--- no longer match the cleared token
+-- no longer match the cleared token. Each reclaimed job keeps the reclaim's %(key)s
+-- (release_key): after its commit went unanswered, the worker finds by it whether it committed
 WITH reclaimed AS (
     UPDATE {schema}.jobs j
     SET status = {schema}.after_failed_attempt(attempt_count, %(max_attempts)s),
@@ -545,6 +565,7 @@ WITH reclaimed AS (
         next_run_at = greatest(now(),
                                (SELECT l.paused_until FROM {schema}.lanes l
                                 WHERE l.queue = j.queue AND l.lane = j.lane)),
+        release_key = %(key)s,
         leased_by = NULL, lease_token = NULL, lease_expires_at = NULL
     WHERE queue = %(queue)s AND status = 'running' AND lease_expires_at < now()
     RETURNING id, queue, owner, lane, type, mode, window_start, window_end, status,
@@ -552,6 +573,12 @@ WITH reclaimed AS (
 )
 SELECT id, owner, lane, type, mode, window_start, window_end, status, attempt_count, error
 FROM reclaimed;
+
+-- name: reclaimed_under_key
+-- whether a reclaim whose commit went unanswered committed: its jobs carry its key (a later
+-- take or finish of theirs leaves release_key alone; only another release changes it)
+SELECT EXISTS (SELECT FROM {schema}.jobs
+               WHERE id = ANY (%(ids)s::bigint[]) AND release_key = %(key)s) AS committed;
 
 -- name: release_expired_holds
 -- leases still held on jobs that stopped running (a cancelled job whose page was in flight,

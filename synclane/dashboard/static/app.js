@@ -231,7 +231,7 @@
       type: "text",
       class: "reason",
       placeholder: "why? (required)",
-      maxLength: 2000,
+      maxLength: 1000, // app.pause keeps a reason of up to 1,000 characters
       autocomplete: "off",
       required: true,
       value: reasons.get(queue) || "",
