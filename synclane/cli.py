@@ -77,7 +77,7 @@ def parser() -> argparse.ArgumentParser:
             epilog="examples:\n" + "\n".join(f"  {example}" for example in examples),
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
-        sub.set_defaults(run=run)
+        sub.set_defaults(run=run, command_parser=sub)
         return sub
 
     name = cli_args.name
@@ -334,8 +334,12 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    main_parser = parser()
     try:
-        args = parser().parse_args(argv)
+        args, extras = main_parser.parse_known_args(argv)
+        if extras:  # told by the command's own parser, so that its --help is the one named
+            command: argparse.ArgumentParser = getattr(args, "command_parser", main_parser)
+            command.error(f"unrecognized arguments: {' '.join(extras)}")
     except SystemExit as done:  # --help, or a mistake argparse found (its line is printed)
         return done.code if isinstance(done.code, int) else EXIT_MISTAKE
     from synclane.terminal import Terminal

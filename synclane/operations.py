@@ -24,7 +24,7 @@ from synclane.owners import owner_batches
 from synclane.queues import Catalog, Queue
 from synclane.steps import Blocking, Fetch, Steps, run, run_async
 
-log = logging.getLogger("synclane")
+log = logging.getLogger(__name__)  # "synclane.operations": the command line quiets it alone
 
 REQUEUE_STATUSES = ("failed", "deferred", "abandoned")
 MAX_ID = 2**63 - 1

@@ -106,6 +106,21 @@ class Terminal:
         for name in ("synclane", events_log.name, "synclane.demo"):
             logging.getLogger(name).setLevel(logging.NOTSET)
 
+    @contextmanager
+    def telling_the_change(self) -> Iterator[None]:
+        """While a one-shot command makes a change it then prints (pause, resume), the library's
+        own log line of that change would tell it a second time: a detail, shown with -v."""
+        operations = logging.getLogger("synclane.operations")
+        if self.level <= logging.DEBUG:
+            yield
+            return
+        before = operations.level
+        operations.setLevel(logging.ERROR)
+        try:
+            yield
+        finally:
+            operations.setLevel(before)
+
     def say(self, text: str) -> None:
         """One line of result on stdout, as it is (no markup, no highlighting)."""
         self.out.print(Text(text), soft_wrap=True)
