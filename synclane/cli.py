@@ -4,7 +4,8 @@ Exit status: 0 done; 2 a mistake on the command line (an option's value, a name 
 table does not know, a database that cannot be reached: one line on stderr names it); 3 `work
 --until-idle` or `plan --work` stopped with jobs left open or waiting for a human (the last
 lines say which and why); 1 an unexpected error (one line; `--traceback` shows where); 130
-interrupted. Results go to stdout; log lines and the progress bar to stderr (synclane.terminal).
+interrupted by Ctrl-C (the commands that run a while hand their jobs back first; SIGTERM stops
+a worker as asked, with its usual status). Results go to stdout; log lines and the progress bar to stderr (synclane.terminal).
 
 Here: the parser and `main`. The commands are in `cli_work` (those that run a while) and
 `cli_table` (one-shot reads and fixes of the table); option values and shared help in `cli_args`.
@@ -349,7 +350,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         status: int = args.run(args, term)
     except KeyboardInterrupt:
-        return 130
+        return cli_work.EXIT_INTERRUPTED
     except Exception as error:
         mistake = isinstance(error, (UsageError, *USER_ERRORS))
         if args.traceback:

@@ -27,7 +27,8 @@ The DSN comes from --dsn or $SYNCLANE_DSN (with neither: the embedded PostgreSQL
 
 exit status: 0 done; 2 a mistake (one line says which option or name); 3 `work --until-idle` or
 `plan --work` left jobs open or waiting for a human (the last lines say which and why);
-1 an unexpected error (--traceback shows where); 130 interrupted.
+1 an unexpected error (--traceback shows where); 130 interrupted by Ctrl-C (after the jobs
+were handed back).
 """
 
 

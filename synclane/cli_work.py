@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import signal
 import threading
 from collections.abc import Callable, Sequence
 from datetime import timedelta
@@ -24,6 +25,9 @@ if TYPE_CHECKING:
 
 # `work --until-idle` and `plan --work` stopped with jobs left open or waiting for a human
 EXIT_WORK_LEFT = 3
+# Ctrl-C (SIGINT), as shells report a command it stopped; SIGTERM (a deploy, a supervisor)
+# stops a worker as asked, with its usual status
+EXIT_INTERRUPTED = 130
 
 
 def cmd_plan(args: argparse.Namespace, term: Terminal) -> int:
@@ -82,6 +86,8 @@ def _work(
     left = left_open(app, queues)
     for line in left or ["nothing left open"]:
         term.say(line)
+    if worker.interrupted_by == signal.SIGINT:
+        return EXIT_INTERRUPTED
     return EXIT_WORK_LEFT if until_idle and left else 0
 
 
@@ -123,7 +129,7 @@ def cmd_dashboard(args: argparse.Namespace, term: Terminal) -> int:
         metrics=args.metrics,
         **_page_options(args),
     )
-    return 0
+    return EXIT_INTERRUPTED  # serve() returns once Ctrl-C stopped it
 
 
 def _page_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -192,7 +198,7 @@ def cmd_demo(args: argparse.Namespace, term: Terminal) -> int:
     for line in left_open(app, list(app.queues)) or ["nothing left open"]:
         term.say(line)
     demo.close()
-    return 0
+    return EXIT_INTERRUPTED if worker.interrupted_by == signal.SIGINT else 0
 
 
 def cmd_serve(args: argparse.Namespace, term: Terminal) -> int:

@@ -4,11 +4,18 @@ it was made in, a change is told once, and what it prints about jobs is true of 
 from __future__ import annotations
 
 import argparse
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from command_line import Run
 
 from synclane import cli
+
+HERE = Path(__file__).parent
 
 
 def _commands() -> list[str]:
@@ -55,9 +62,8 @@ def test_the_readme_lists_every_option_of_every_command() -> None:
     """The README's table of commands names each option `synclane COMMAND --help` shows (the
     options every command takes are said once, above the table)."""
     import re
-    from pathlib import Path
 
-    readme = (Path(__file__).parent.parent / "README.md").read_text(encoding="utf-8")
+    readme = (HERE.parent / "README.md").read_text(encoding="utf-8")
     rows = re.findall(r"^\| `synclane (\w+)([^|]*)\|", readme, re.M)
     listed: dict[str, set[str]] = {}
     for name, usage in rows:
@@ -72,3 +78,50 @@ def test_the_readme_lists_every_option_of_every_command() -> None:
         } - common
         assert name in listed, f"the README's table has no row for `synclane {name}`"
         assert options <= listed[name], (name, sorted(options - listed[name]))
+
+
+def _started(words: list[str], schema: str, ready: str) -> subprocess.Popen[str]:
+    """`synclane WORDS` in a process of its own (on cli_app), once its stderr or stdout said
+    `ready`."""
+    env = {**os.environ, "SYNCLANE_CLI_TEST_SCHEMA": schema, "PYTHONPATH": str(HERE)}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "synclane.cli", *words],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+    )  # fmt: skip
+    assert process.stdout is not None
+    seen = []
+    for line in process.stdout:
+        seen.append(line)
+        if ready in line:
+            return process
+    process.kill()
+    raise AssertionError(f"never said {ready!r}:\n{''.join(seen)}")
+
+
+@pytest.mark.parametrize(
+    ("command", "ready"),
+    [
+        (["work", "-v"], "started: shops"),
+        (["plan", "--work", "-v"], "started: shops"),
+        (["dashboard", "--port", "0"], "synclane dashboard on "),
+    ],
+)
+def test_ctrl_c_exits_130_as_the_readme_says_and_sigterm_stops_as_asked(
+    dsn: str, schema: str, command: list[str], ready: str
+) -> None:
+    """Ctrl-C (SIGINT) is an interruption: 130, after the jobs were handed back. SIGTERM is how
+    a supervisor or a deploy stops a worker: its usual status."""
+    words = ["--dsn", dsn, "--app", "cli_app:app", *command]
+    for sig, expected in ((signal.SIGINT, 130), (signal.SIGTERM, None)):
+        process = _started(words, schema, ready)
+        try:
+            process.send_signal(sig)
+            code = process.wait(timeout=30)
+        finally:
+            if process.poll() is None:
+                process.kill()
+            process.communicate(timeout=10)
+        if expected is not None:
+            assert code == expected, (sig, command)
+        elif command[0] != "dashboard":  # the page has no SIGTERM handler: the default kills it
+            assert code in (0, 3), (sig, command, code)
