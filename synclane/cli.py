@@ -5,7 +5,8 @@ table does not know, a database that cannot be reached: one line on stderr names
 --until-idle` or `plan --work` stopped with jobs left open or waiting for a human (the last
 lines say which and why); 1 an unexpected error (one line; `--traceback` shows where); 130
 interrupted by Ctrl-C (the commands that run a while hand their jobs back first; SIGTERM stops
-a worker as asked, with its usual status). Results go to stdout; log lines and the progress bar to stderr (synclane.terminal).
+a worker as asked, with its usual status). Results go to stdout; log lines and the progress bar
+to stderr (synclane.terminal).
 
 Here: the parser and `main`. The commands are in `cli_work` (those that run a while) and
 `cli_table` (one-shot reads and fixes of the table); option values and shared help in `cli_args`.

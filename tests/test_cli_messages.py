@@ -8,12 +8,18 @@ import os
 import signal
 import subprocess
 import sys
+import uuid
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
+import pandas as pd
+import psycopg
 import pytest
 from command_line import Run
+from workers import arrange
 
-from synclane import cli
+from synclane import SyncLane, cli
 
 HERE = Path(__file__).parent
 
@@ -125,3 +131,38 @@ def test_ctrl_c_exits_130_as_the_readme_says_and_sigterm_stops_as_asked(
             assert code == expected, (sig, command)
         elif command[0] != "dashboard":  # the page has no SIGTERM handler: the default kills it
             assert code in (0, 3), (sig, command, code)
+
+
+def test_a_job_that_will_not_run_again_shows_no_next_run(
+    run: Run, app: SyncLane, db: psycopg.Connection[Any], schema: str
+) -> None:
+    """Completed, abandoned, cancelled: nothing will run them again; a running job runs now. Their
+    next_run_at is an old due time, not a next run: the frame has NaT and `jobs` an empty cell.
+    Pending, failed and deferred jobs keep theirs."""
+    run("plan")
+    ids = sorted(int(i) for i in app.jobs()["id"])
+    statuses = ["completed", "abandoned", "cancelled", "running", "pending", "failed", "deferred"]
+    chosen = dict(zip(statuses, ids, strict=False))
+    later = datetime.now(UTC) + timedelta(hours=1)
+    for status, job_id in chosen.items():
+        arrange(db, schema, job_id, status=status, next_run_at=later)
+    arrange(db, schema, chosen["running"], lease_token=uuid.uuid4(), leased_by="w",
+            lease_expires_at=later)  # fmt: skip
+    frame = app.jobs().set_index("id")
+    for status, job_id in chosen.items():
+        shown = frame.loc[job_id, "next_run_at"]
+        if status in ("pending", "failed", "deferred"):
+            assert abs(shown - later) < timedelta(seconds=1), status
+        else:
+            assert pd.isna(shown), (status, shown)
+    _, out, _ = run("jobs", "--limit", "100")
+    lines = out.splitlines()
+    header = lines[0]
+    at = header.index("next run")
+    for status, job_id in chosen.items():
+        (line,) = [ln for ln in lines[2:] if ln.split()[0] == str(job_id)]
+        cell = line[at : at + len("2026-12-02 05:01:02")].strip()
+        if status in ("pending", "failed", "deferred"):
+            assert cell == f"{later:%Y-%m-%d %H:%M:%S}", (status, line)
+        else:
+            assert cell == "", (status, line)

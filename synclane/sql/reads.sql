@@ -4,12 +4,13 @@
 
 -- name: list_jobs
 -- jobs, newest first, filtered, at most `limit` rows; an error is cut to its first line (at most
--- `error_width` characters, "…" where cut) unless full_errors; durations on the database clock
+-- `error_width` characters, "…" where cut) unless full_errors; durations on the database clock;
+-- a next run only for a job that waits to be taken (a finished or running row keeps an old one)
 SELECT id, queue, owner, lane, type, mode, status, window_start, window_end, cursor,
        processed_count, attempt_count, throttle_count,
        now() - created_at AS age,
        CASE WHEN status = 'running' THEN now() - started_at END AS running_for,
-       next_run_at,
+       CASE WHEN status IN ('pending', 'failed', 'deferred') THEN next_run_at END AS next_run_at,
        CASE WHEN %(full_errors)s OR error IS NULL
                  OR (strpos(error, E'\n') = 0 AND length(error) <= %(error_width)s) THEN error
             ELSE left(split_part(error, E'\n', 1), %(error_width)s - 1) || '…' END AS error,
