@@ -145,9 +145,10 @@ class Terminal:
         self.out.print(table)
 
     @contextmanager
-    def progress(self, count_open: Callable[[], int], label: str) -> Iterator[JobsBar]:
-        """A bar on stderr while work runs, when stderr is a terminal: done and open jobs,
-        read once a second. Log lines print above it."""
+    def progress(self, count_open: Callable[[], tuple[int, int]], label: str) -> Iterator[JobsBar]:
+        """A bar on stderr while work runs, when stderr is a terminal: done jobs of all, with
+        the open and waiting ones (`count_open` reads both) once a second; the ones that wait
+        for a human are counted and named. Log lines print above it."""
         bar = JobsBar(count_open)
         if not self.err.is_terminal:
             yield bar
@@ -156,19 +157,21 @@ class Terminal:
             TextColumn("{task.description}"),
             BarColumn(),
             MofNCompleteColumn(),
-            TextColumn("jobs done"),
+            TextColumn("jobs done{task.fields[waiting]}"),
             RunningClock(),
             console=self.err,
             refresh_per_second=4,
             transient=False,
         ) as shown:
-            task = shown.add_task(label, total=None)
+            task = shown.add_task(label, total=None, waiting="")
             stop = threading.Event()
 
             def refresh() -> None:
                 while True:
                     done, total = bar.read()
-                    shown.update(task, completed=done, total=total or None)
+                    shown.update(
+                        task, completed=done, total=total or None, waiting=bar.waiting_text
+                    )
                     if stop.wait(1.0):
                         return
 
@@ -180,7 +183,7 @@ class Terminal:
                 stop.set()
                 thread.join(timeout=5)
                 done, total = bar.read()
-                shown.update(task, completed=done, total=max(total, done))
+                shown.update(task, completed=done, total=max(total, done), waiting=bar.waiting_text)
 
 
 class RunningClock(TimeElapsedColumn):
@@ -196,22 +199,29 @@ class RunningClock(TimeElapsedColumn):
 
 
 class JobsBar:
-    """What the bar counts: jobs completed since the start (from events) and jobs still open
-    (from the table)."""
+    """What the bar counts: jobs completed since the start (from events), and from the table
+    the jobs still open and those waiting for a human (abandoned: in the total, never done
+    until someone requeues them)."""
 
-    def __init__(self, count_open: Callable[[], int]) -> None:
+    def __init__(self, count_open: Callable[[], tuple[int, int]]) -> None:
         self.count_open = count_open
         self.completed = 0
         self._open = 0
+        self.waiting = 0
 
     def __call__(self, event: Event) -> None:
         if event.kind == "completed":
             self.completed += 1
 
     def read(self) -> tuple[int, int]:
+        """(done, total), the waiting ones in the total."""
         with contextlib.suppress(Exception):  # a bar must never break the work it shows
-            self._open = self.count_open()
-        return self.completed, self.completed + self._open
+            self._open, self.waiting = self.count_open()
+        return self.completed, self.completed + self._open + self.waiting
+
+    @property
+    def waiting_text(self) -> str:
+        return f", {self.waiting} waiting for a human" if self.waiting else ""
 
 
 class EventPrinter:

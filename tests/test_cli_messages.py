@@ -166,3 +166,54 @@ def test_a_job_that_will_not_run_again_shows_no_next_run(
             assert cell == f"{later:%Y-%m-%d %H:%M:%S}", (status, line)
         else:
             assert cell == "", (status, line)
+
+
+def _on_a_terminal(words: list[str], env: dict[str, str]) -> tuple[int, list[str]]:
+    """`synclane WORDS` on a pseudo-terminal 160 columns wide: its exit status and the lines it
+    showed, each as last drawn (the bar redraws its line in place)."""
+    import pty
+    import re
+
+    env = {**env, "COLUMNS": "160", "LINES": "40", "TERM": "xterm"}
+    leader, follower = pty.openpty()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "synclane.cli", *words],
+        stdin=follower, stdout=follower, stderr=follower, env=env,
+    )  # fmt: skip
+    os.close(follower)
+    seen = b""
+    try:
+        while True:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # the process closed the terminal
+                break
+            if not chunk:
+                break
+            seen += chunk
+        code = process.wait(timeout=60)
+    finally:
+        os.close(leader)
+        if process.poll() is None:
+            process.kill()
+    text = re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", seen.decode("utf-8", "replace"))
+    lines = text.replace("\r\n", "\n").split("\n")
+    return code, [line.split("\r")[-1].strip() for line in lines if line.strip()]
+
+
+def test_the_bar_counts_a_job_waiting_for_a_human_and_says_so(dsn: str, schema: str) -> None:
+    """globex's two history slices fail until abandoned: the bar ends at 7 of 9 jobs done, the
+    two abandoned ones counted and named, not dropped from the total (it said 7/7)."""
+    env = {
+        **os.environ,
+        "SYNCLANE_CLI_TEST_SCHEMA": schema,
+        "SYNCLANE_CLI_TEST_RETRY": "0.05",
+        "PYTHONPATH": str(HERE),
+    }
+    words = ["--dsn", dsn, "--app", "cli_app:app"]
+    subprocess.run([sys.executable, "-m", "synclane.cli", *words, "plan"], env=env, check=True)
+    code, lines = _on_a_terminal([*words, "work", "--until-idle", "--idle-grace", "5"], env)
+    assert code == 3
+    bars = [line for line in lines if "jobs done" in line]
+    assert bars, lines
+    assert "7/9 jobs done, 2 waiting for a human" in bars[-1], bars[-1]

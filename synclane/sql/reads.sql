@@ -139,9 +139,13 @@ ORDER BY owner, type
 LIMIT %(limit)s;
 
 -- name: open_jobs
--- how many jobs of these queues have not finished (from the partial index of open rows)
-SELECT count(*) FROM {schema}.jobs
-WHERE queue = ANY (%(queues)s::text[]) AND status IN ('pending', 'running', 'failed', 'deferred');
+-- how many jobs of these queues have not finished, and how many of those that stopped wait for a
+-- human (abandoned: nothing runs them until a requeue); from the index of unfinished rows
+SELECT count(*) FILTER (WHERE status <> 'abandoned') AS open,
+       count(*) FILTER (WHERE status = 'abandoned') AS waiting
+FROM {schema}.jobs
+WHERE queue = ANY (%(queues)s::text[])
+  AND status IN ('pending', 'running', 'failed', 'deferred', 'abandoned');
 
 -- name: failures
 -- open failures grouped by cause (the error's first line, numbers and ids masked), aggregated in
