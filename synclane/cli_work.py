@@ -148,7 +148,7 @@ def cmd_demo(args: argparse.Namespace, term: Terminal) -> int:
     from synclane.demo import build_demo, data_schema_for
     from synclane.demo.story import Story
     from synclane.demo.story import log as story_log
-    from synclane.events import EventLog, Listener
+    from synclane.events import WHOLE_LINE, EventLog, Listener
     from synclane.terminal import EventPrinter, left_open, report_text
 
     schema = args.schema or "synclane"
@@ -173,16 +173,20 @@ def cmd_demo(args: argparse.Namespace, term: Terminal) -> int:
         term.say(f"synclane demo on {where}: open {server.url}")
     else:
         term.say(f"synclane demo on {where}")
-    command = "synclane" + (f" --schema {schema}" if schema != "synclane" else "")
-    command += " --app synclane.demo.app:app"
-    same_dsn = " (with the same --dsn)" if args.dsn else ""
-    term.say(f"Ctrl-C stops it; `{command} jobs` shows the table from another terminal{same_dsn}")
+    # Commands for another terminal, as they run there: on lines of their own, never wrapped.
+    command, needs = cli_args.rerun(app, "synclane.demo.app:app", dsn_option=bool(args.dsn))
+    term.say(f"Ctrl-C stops it; the jobs table from another terminal{needs}:")
+    term.say(f"  {command} jobs")
 
     def say(text: str) -> None:
         story_log.info("%s", text)
         events.note(text)
 
-    story = Story(demo, command=command, say=say)
+    def say_command(text: str) -> None:
+        story_log.info("%s", text, extra={WHOLE_LINE: True})
+        events.note(text)
+
+    story = Story(demo, command=command, say=say, say_command=say_command, page=server is not None)
     story.intro(sum(app.plan().values()), kept=args.keep)
     try:
         with term.progress(lambda: app.unfinished_jobs(), "demo") as bar:

@@ -35,7 +35,7 @@ from rich.table import Table
 from rich.text import Text
 
 from synclane import event_lines
-from synclane.events import Event
+from synclane.events import WHOLE_LINE, Event
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -74,7 +74,7 @@ class Terminal:
             root.removeHandler(_handler)
         handler: logging.Handler
         if self.err.is_terminal:
-            handler = RichHandler(
+            handler = _WrappingHandler(
                 console=self.err,
                 show_path=False,
                 omit_repeated_times=False,
@@ -233,6 +233,21 @@ class EventPrinter:
     def __call__(self, event: Event) -> None:
         level, text = event_lines.line(event, self.attempts.get(event.queue))
         events_log.log(level, "%s", text)
+
+
+class _WrappingHandler(RichHandler):
+    """Log lines fitted to the terminal's width, after their time and level; a command for the
+    reader to copy (a record marked `WHOLE_LINE`) printed whole on a line of its own instead:
+    wrapped, a copy of it would lose its end."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if getattr(record, WHOLE_LINE, False):
+            try:
+                self.console.print(Text(self.format(record)), soft_wrap=True)
+            except Exception:
+                self.handleError(record)
+            return
+        super().emit(record)
 
 
 class _DetailsFilter(logging.Filter):
