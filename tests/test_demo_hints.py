@@ -128,14 +128,17 @@ def test_the_demo_s_commands_run_as_printed_from_another_terminal(
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     env = another_terminal(tmp_path)
-    assert subprocess.run("synclane --version", shell=True, env=env, capture_output=True,
-                          cwd=elsewhere).returncode == 127, "synclane is not on this PATH"  # fmt: skip
-    listed = subprocess.run(jobs[0], shell=True, env=env, capture_output=True, text=True,
-                            cwd=elsewhere, timeout=60)  # fmt: skip
+
+    def pasted(command: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            command, shell=True, env=env, cwd=elsewhere, capture_output=True, text=True, timeout=60
+        )
+
+    assert pasted("synclane --version").returncode == 127, "synclane is not on this PATH"
+    listed = pasted(jobs[0])
     assert listed.returncode == 0, listed.stderr
     assert "globex" in listed.stdout and "abandoned" in listed.stdout
-    requeued = subprocess.run(requeue[0], shell=True, env=env, capture_output=True, text=True,
-                              cwd=elsewhere, timeout=60)  # fmt: skip
+    requeued = pasted(requeue[0])
     assert (requeued.returncode, requeued.stdout.strip()) == (
         0,
         "requeued 1 job(s) in queue shops",
