@@ -90,7 +90,7 @@ def _not_an_app(app_path: str, module: ModuleType, attribute: str, found: object
     wrong attribute, or a module that shadows the user's own: its file says which it is)."""
     apps = sorted(name for name, value in vars(module).items() if isinstance(value, SyncLane))
     if len(apps) == 1:
-        hint = f"its SyncLane is {apps[0]!r}: --app {module.__name__}:{apps[0]}"
+        hint = f"its SyncLane is {apps[0]!r}: the app path {module.__name__}:{apps[0]}"
     elif apps:
         hint = "its SyncLanes are " + ", ".join(repr(name) for name in apps)
     else:

@@ -100,7 +100,7 @@ def test_a_module_without_the_attribute_names_the_apps_it_has(
     said = one_line(*run("--app", f"{name}:app", "jobs", app=False)[::2])
     assert said.startswith(f"the module {name!r} (")
     assert f"{name}.py) has no 'app'" in said, "where the module was found: a shadow shows"
-    assert said.endswith(f"its SyncLane is 'sync_app': --app {name}:sync_app")
+    assert said.endswith(f"its SyncLane is 'sync_app': the app path {name}:sync_app")
 
 
 def test_an_attribute_that_is_no_app_names_what_it_is(run: Run, module: Callable[..., str]) -> None:
