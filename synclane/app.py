@@ -349,8 +349,14 @@ class SyncLane(Reads):
         self._operations.set_lane_rate(queue, rate, lane)
 
     def open_jobs(self, queues: Sequence[str] | None = None) -> int:
-        """How many jobs of these queues (default: all declared) have not finished."""
-        return self._operations.open_jobs(queues)
+        """How many jobs of these queues (default: all declared) are open: pending, running,
+        failed or deferred."""
+        return self._operations.unfinished_jobs(queues)[0]
+
+    def unfinished_jobs(self, queues: Sequence[str] | None = None) -> tuple[int, int]:
+        """(open, waiting for a human): the open jobs of these queues, and the abandoned ones,
+        which nothing runs until a requeue. What a progress bar counts besides the done ones."""
+        return self._operations.unfinished_jobs(queues)
 
     # -- workers ---------------------------------------------------------------------------
 

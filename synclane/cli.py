@@ -4,7 +4,9 @@ Exit status: 0 done; 2 a mistake on the command line (an option's value, a name 
 table does not know, a database that cannot be reached: one line on stderr names it); 3 `work
 --until-idle` or `plan --work` stopped with jobs left open or waiting for a human (the last
 lines say which and why); 1 an unexpected error (one line; `--traceback` shows where); 130
-interrupted. Results go to stdout; log lines and the progress bar to stderr (synclane.terminal).
+interrupted by Ctrl-C (the commands that run a while hand their jobs back first; SIGTERM stops
+a worker as asked, with its usual status). Results go to stdout; log lines and the progress bar
+to stderr (synclane.terminal).
 
 Here: the parser and `main`. The commands are in `cli_work` (those that run a while) and
 `cli_table` (one-shot reads and fixes of the table); option values and shared help in `cli_args`.
@@ -83,7 +85,7 @@ def parser() -> argparse.ArgumentParser:
             epilog="examples:\n" + "\n".join(f"  {example}" for example in examples),
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
-        sub.set_defaults(run=run)
+        sub.set_defaults(run=run, command_parser=sub)
         return sub
 
     name = cli_args.name
@@ -346,8 +348,12 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    main_parser = parser()
     try:
-        args = parser().parse_args(argv)
+        args, extras = main_parser.parse_known_args(argv)
+        if extras:  # told by the command's own parser, so that its --help is the one named
+            command: argparse.ArgumentParser = getattr(args, "command_parser", main_parser)
+            command.error(f"unrecognized arguments: {' '.join(extras)}")
     except SystemExit as done:  # --help, or a mistake argparse found (its line is printed)
         return done.code if isinstance(done.code, int) else EXIT_MISTAKE
     from synclane.terminal import Terminal
@@ -357,7 +363,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         status: int = args.run(args, term)
     except KeyboardInterrupt:
-        return 130
+        return cli_work.EXIT_INTERRUPTED
     except Exception as error:
         mistake = isinstance(error, (UsageError, *USER_ERRORS))
         if args.traceback:

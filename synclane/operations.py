@@ -24,7 +24,7 @@ from synclane.owners import owner_batches
 from synclane.queues import Catalog, Queue
 from synclane.steps import Blocking, Fetch, Steps, run, run_async
 
-log = logging.getLogger("synclane")
+log = logging.getLogger(__name__)  # "synclane.operations": the command line quiets it alone
 
 REQUEUE_STATUSES = ("failed", "deferred", "abandoned")
 MAX_ID = 2**63 - 1
@@ -33,7 +33,7 @@ ATTEMPTS = 10
 
 
 class Operations:
-    """enqueue, requeue, cancel and open_jobs for the queues of one catalog."""
+    """enqueue, requeue, cancel and the unfinished jobs for the queues of one catalog."""
 
     def __init__(self, database: Database, catalog: Catalog, owners_timeout: timedelta) -> None:
         self.database = database
@@ -272,11 +272,11 @@ class Operations:
         where = f"lane {lane} of queue {q.name}" if lane is not None else f"queue {q.name}"
         log.info("rate of %s: %s", where, given or "back to the declared one")
 
-    def open_jobs(self, queues: Sequence[str] | None = None) -> int:
+    def unfinished_jobs(self, queues: Sequence[str] | None = None) -> tuple[int, int]:
         names = [q.name for q in self.catalog.pick(queues or None)]
         with self.database.connection() as conn:
             row = conn.execute(self.database.store.query("open_jobs"), {"queues": names}).fetchone()
-        return 0 if row is None else int(row[0])
+        return (0, 0) if row is None else (int(row[0]), int(row[1]))
 
 
 def default_author() -> str:

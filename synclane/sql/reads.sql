@@ -4,12 +4,13 @@
 
 -- name: list_jobs
 -- jobs, newest first, filtered, at most `limit` rows; an error is cut to its first line (at most
--- `error_width` characters, "…" where cut) unless full_errors; durations on the database clock
+-- `error_width` characters, "…" where cut) unless full_errors; durations on the database clock;
+-- a next run only for a job that waits to be taken (a finished or running row keeps an old one)
 SELECT id, queue, owner, lane, type, mode, status, window_start, window_end, cursor,
        processed_count, attempt_count, throttle_count,
        now() - created_at AS age,
        CASE WHEN status = 'running' THEN now() - started_at END AS running_for,
-       next_run_at,
+       CASE WHEN status IN ('pending', 'failed', 'deferred') THEN next_run_at END AS next_run_at,
        CASE WHEN %(full_errors)s OR error IS NULL
                  OR (strpos(error, E'\n') = 0 AND length(error) <= %(error_width)s) THEN error
             ELSE left(split_part(error, E'\n', 1), %(error_width)s - 1) || '…' END AS error,
@@ -138,9 +139,13 @@ ORDER BY owner, type
 LIMIT %(limit)s;
 
 -- name: open_jobs
--- how many jobs of these queues have not finished (from the partial index of open rows)
-SELECT count(*) FROM {schema}.jobs
-WHERE queue = ANY (%(queues)s::text[]) AND status IN ('pending', 'running', 'failed', 'deferred');
+-- how many jobs of these queues have not finished, and how many of those that stopped wait for a
+-- human (abandoned: nothing runs them until a requeue); from the index of unfinished rows
+SELECT count(*) FILTER (WHERE status <> 'abandoned') AS open,
+       count(*) FILTER (WHERE status = 'abandoned') AS waiting
+FROM {schema}.jobs
+WHERE queue = ANY (%(queues)s::text[])
+  AND status IN ('pending', 'running', 'failed', 'deferred', 'abandoned');
 
 -- name: failures
 -- open failures grouped by cause (the error's first line, numbers and ids masked), aggregated in

@@ -120,6 +120,7 @@ class Worker:
             if callable(observe := getattr(listener, "observe_take", None))
         ]
         self.report: Counter[str] = Counter()
+        self.interrupted_by: signal.Signals | None = None  # the signal that stopped it, if one
         self._stop_requested = False
         self._stop: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -334,6 +335,7 @@ class Worker:
 
     def _on_signal(self, sig: signal.Signals) -> None:
         log.info("worker %s received %s: handing jobs back", self.name, sig.name)
+        self.interrupted_by = self.interrupted_by or sig
         self.stop()
 
     async def _stop_later(self, after: timedelta) -> None:
