@@ -196,6 +196,7 @@ DECLARE
     seen boolean;
     held integer;
     pause timestamptz;
+    at timestamptz;
 BEGIN
     INSERT INTO "synclane".lanes (queue, lane) VALUES (queue_name, lane_name)
     ON CONFLICT (queue, lane) DO NOTHING;
@@ -208,24 +209,27 @@ BEGIN
       LEFT JOIN "synclane".queue_rates q ON q.queue = l.queue
      WHERE l.queue = queue_name AND l.lane = lane_name
        FOR UPDATE OF l;
+    -- the instant of this start: when the lane's row is ours, not when the statement began (it
+    -- may have waited for another worker's start of the same lane meanwhile)
+    at := clock_timestamp();
     IF seen THEN
         RETURN 0;
     END IF;
-    IF pause > now() AND NOT force THEN
-        RETURN greatest(extract(epoch FROM pause - now()), 0.001);
+    IF pause > at AND NOT force THEN
+        RETURN greatest(extract(epoch FROM pause - at), 0.001);
     END IF;
     -- the starts still in the window, oldest first, each with its key (in one pass)
     SELECT coalesce(array_agg(u.s ORDER BY u.s, u.n), '{}'),
            coalesce(array_agg(u.k ORDER BY u.s, u.n), '{}')
       INTO kept, kept_keys
       FROM unnest(kept, kept_keys) WITH ORDINALITY AS u (s, k, n)
-     WHERE u.s > now() - period;
+     WHERE u.s > at - period;
     held := coalesce(array_length(kept, 1), 0);
     IF held + units > allowed AND NOT force THEN
         -- room for `units` more once enough of the oldest starts have left the window
-        RETURN greatest(extract(epoch FROM kept[held + units - allowed] + period - now()), 0.001);
+        RETURN greatest(extract(epoch FROM kept[held + units - allowed] + period - at), 0.001);
     END IF;
-    kept := kept || ARRAY(SELECT now() FROM generate_series(1, units));
+    kept := kept || ARRAY(SELECT at FROM generate_series(1, units));
     kept_keys := kept_keys || ARRAY(SELECT start_key FROM generate_series(1, units));
     held := held + units;
     UPDATE "synclane".lanes

@@ -5,6 +5,7 @@ carries it has a control that drops the index and finds the limit exceeded."""
 
 from __future__ import annotations
 
+import threading
 import time
 from datetime import timedelta
 from typing import Any
@@ -209,6 +210,49 @@ def test_no_period_sees_more_page_starts_in_a_lane_than_its_rate_while_other_lan
     (_, first_a, last_a), (_, first_b, last_b) = sorted(spans)
     assert first_b < last_a and first_a < last_b
     assert (last_a - first_a).total_seconds() >= 4.5  # 24 starts at 4 a second take 5 s
+
+
+def test_a_page_start_that_waited_for_its_lane_is_counted_when_it_was_granted(
+    app: SyncLane, dsn: str, db: psycopg.Connection[Any]
+) -> None:
+    """Two workers starting pages of one lane take turns on its row. The one that waited must
+    count its start when it got the row, not when its statement began: counted a second early,
+    its start left the rate's window a second early, and a fifth page of a lane with room for
+    four a second started 0.95 s after the first (the lane-rate test above, on a loaded
+    machine)."""
+    app.queue("q", lane_rate=(4, 1.0))
+    SyncLane(dsn, schema=app.schema).close()
+    params = {
+        "queues": ["q"],
+        "lanes": ["acme"],
+        "counts": [4],
+        "periods": [timedelta(seconds=1)],
+        "units": [1],
+        "forces": [False],
+        "keys": [uuid4()],
+    }
+    lanes = sql.Identifier(app.schema, "lanes")
+    db.execute(sql.SQL("INSERT INTO {} (queue, lane) VALUES ('q', 'acme')").format(lanes))
+    holder = psycopg.connect(dsn)
+    holder.execute(sql.SQL("SELECT FROM {} WHERE lane = 'acme' FOR UPDATE").format(lanes))
+    waited: list[Any] = []
+
+    def start() -> None:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            waited.append(conn.execute(app.store.query("lane_page_starts"), params).fetchall())
+
+    thread = threading.Thread(target=start)
+    thread.start()
+    time.sleep(1.0)
+    (released,) = holder.execute("SELECT clock_timestamp()").fetchone()  # type: ignore[misc]
+    holder.rollback()
+    holder.close()
+    thread.join(10)
+    assert waited == [[(0.0,)]]
+    (counted,) = db.execute(
+        sql.SQL("SELECT starts[1] FROM {} WHERE lane = 'acme'").format(lanes)
+    ).fetchone()  # type: ignore[misc]
+    assert counted >= released, "the start was counted before its lane's row was granted"
 
 
 def test_page_starts_asked_together_are_counted_in_one_statement_lane_by_lane(

@@ -401,13 +401,14 @@ WHERE id = %(id)s AND status IN ('failed', 'deferred', 'abandoned') AND error = 
 -- a throttle gives the attempt back and pauses the lane: every open job of the lane is pushed to
 -- the same time, and the lane itself remembers the pause, so a job that joins it meanwhile (planned,
 -- enqueued, requeued) waits too. The account was told to slow down, not the job; a pause the lane
--- already has that ends later stands
+-- already has that ends later stands. The pause runs from when the job's row is the throttle's
+-- (clock_timestamp()), so a statement that waited for a lock never shortens it
 WITH throttled AS (
     UPDATE {schema}.jobs j
     SET status = CASE WHEN %(previous_status)s = 'deferred' THEN 'deferred' ELSE 'failed' END,
         attempt_count = attempt_count - 1, throttle_count = throttle_count + 1,
         error = %(error)s, heartbeat_at = now(),
-        next_run_at = greatest(now() + %(delay)s,
+        next_run_at = greatest(clock_timestamp() + %(delay)s,
                                (SELECT l.paused_until FROM {schema}.lanes l
                                 WHERE l.queue = j.queue AND l.lane = j.lane)),
         leased_by = NULL, lease_token = NULL, lease_expires_at = NULL
@@ -487,7 +488,7 @@ WITH back AS (
     UPDATE {schema}.jobs j
     SET status = CASE WHEN %(previous_status)s = 'deferred' THEN 'deferred' ELSE 'pending' END,
         attempt_count = attempt_count - 1,
-        next_run_at = greatest(now() + %(delay)s,
+        next_run_at = greatest(clock_timestamp() + %(delay)s,
                                (SELECT l.paused_until FROM {schema}.lanes l
                                 WHERE l.queue = j.queue AND l.lane = j.lane)),
         release_key = lease_token,
