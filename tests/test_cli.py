@@ -16,7 +16,7 @@ from command_line import Run
 from psycopg import sql
 from rich.progress import Progress, TimeElapsedColumn
 
-from synclane import cli
+from synclane import SyncLane, cli
 from synclane.store import SCHEMA_VERSION
 from synclane.terminal import RunningClock
 
@@ -273,6 +273,7 @@ def test_the_dashboard_command_serves_the_page_until_interrupted(dsn: str, schem
     import urllib.request
 
     env = {**os.environ, "SYNCLANE_CLI_TEST_SCHEMA": schema, "PYTHONPATH": str(HERE)}
+    SyncLane(dsn, schema=schema).close()  # the table exists: the page creates none
     process = subprocess.Popen(
         [
             sys.executable,

@@ -16,7 +16,7 @@ import pytest
 
 from synclane.embedded import embedded_dsn, stop
 
-INNER = '''
+INNER = """
 import os, signal, time
 from pathlib import Path
 
@@ -37,14 +37,14 @@ def test_a_backend_killed_by_SIGNAL(db):
 
 def test_the_next_test_finds_the_server_back(db):
     assert db.execute("SELECT 1").fetchone() == (1,)
-'''
+"""
 
 
 def _inner_run(tmp_path: Path, signal_name: str, env: dict[str, str]) -> str:
     (tmp_path / "test_inner.py").write_text(INNER.replace("SIGNAL", signal_name))
+    plain = ["-p", "no:cacheprovider", "-p", "no:xdist", "-o", "addopts="]
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist"]
-        + ["-o", "addopts=", "test_inner.py"],
+        [sys.executable, "-m", "pytest", "-q", *plain, "test_inner.py"],
         cwd=tmp_path,
         env=env,
         capture_output=True,
