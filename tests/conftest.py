@@ -28,14 +28,6 @@ def pytest_configure(config: pytest.Config) -> None:
         plugins.import_plugin("synclane.testing_plugin")
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (`-n`, the README's command): the Prefect tests run on one worker, so
-    that one temporary Prefect server (10-25 s to start) serves them all."""
-    for item in items:
-        if item.get_closest_marker("prefect") is not None:
-            item.add_marker(pytest.mark.xdist_group("prefect"))
-
-
 @pytest.fixture
 def run(
     dsn: str, schema: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]

@@ -204,6 +204,7 @@ def test_the_readme_example_as_an_app_does_not_run_its_script(
     assert example is not None and 'if __name__ == "__main__":' in example.group(1)
     code = example.group(1).replace('schema="readme"', f"schema={schema!r}")
     (tmp_path / "readme_app.py").write_text(code, encoding="utf-8")
+    SyncLane(dsn, schema=schema).close()  # the table exists: `jobs` creates none
     began = time.monotonic()
     done = subprocess.run(
         [sys.executable, "-m", "synclane.cli", "--dsn", dsn, "--app", "readme_app:app", "jobs"],
