@@ -267,7 +267,7 @@ FROM generate_series(1, %(owners)s) o, generate_series(1, 26) d
 """
 QUERY_INDEXES = (
     "jobs_running_lane",
-    "jobs_running_queue_slot",
+    "jobs_leased_queue_slot",
     "jobs_claim_order",
     "jobs_claim_lane",
     "jobs_open_owner",

@@ -1,4 +1,4 @@
--- synclane schema, version 4. Every sync job is one row of "synclane".jobs.
+-- synclane schema, version 5. Every sync job is one row of "synclane".jobs.
 -- synclane applies this at start-up (SyncLane(..., create_schema=True)); teams that run their own
 -- migrations apply docs/schema.sql, which is this file rendered for the schema "synclane".
 -- Idempotent: every statement can run again without changing anything.
@@ -87,9 +87,7 @@ CREATE UNIQUE INDEX IF NOT EXISTS jobs_running_lane
     ON "synclane".jobs (queue, lane, lane_slot) WHERE status = 'running';
 
 -- A queue with max_running runs at most that many jobs at once, across every process: each
--- running job of it holds a numbered slot of the queue.
-CREATE UNIQUE INDEX IF NOT EXISTS jobs_running_queue_slot
-    ON "synclane".jobs (queue, queue_slot) WHERE status = 'running' AND queue_slot IS NOT NULL;
+-- live lease of it holds a numbered slot of the queue (jobs_leased_queue_slot, version 5).
 
 -- Taking a job reads only open rows, whatever the size of the history.
 -- In taking order, for the common case where the best job's lane is free.
@@ -180,11 +178,12 @@ ALTER TABLE "synclane".lanes ADD COLUMN IF NOT EXISTS starts timestamptz[] NOT N
 ALTER TABLE "synclane".lanes ADD COLUMN IF NOT EXISTS start_keys uuid[] NOT NULL DEFAULT '{}';
 
 -- A page start under a lane's rate: records `units` starts and returns 0 when the last period
--- leaves room for them, else how many seconds until it will (and records nothing). With `force`
--- it records them whatever the room (a page that made more calls than it announced). The lane's
--- own rate, then its queue's, then the one given (the declared one) apply, in that order. A start
--- asked under a `key` already recorded returns 0 and records nothing: it is the same start, sent
--- again after its answer was lost.
+-- leaves room for them, else how many seconds until it will (and records nothing). A lane paused
+-- by a throttle has no room until its pause ends. With `force` it records them whatever the room
+-- or the pause (a page that made more calls than it announced). The lane's own rate, then its
+-- queue's, then the one given (the declared one) apply, in that order. A start asked under a
+-- `key` already recorded returns 0 and records nothing: it is the same start, sent again after
+-- its answer was lost.
 CREATE OR REPLACE FUNCTION "synclane".lane_page_start(
     queue_name text, lane_name text, declared_count integer, declared_period interval,
     units integer, force boolean, start_key uuid
@@ -196,19 +195,24 @@ DECLARE
     kept_keys uuid[];
     seen boolean;
     held integer;
+    pause timestamptz;
 BEGIN
     INSERT INTO "synclane".lanes (queue, lane) VALUES (queue_name, lane_name)
     ON CONFLICT (queue, lane) DO NOTHING;
     SELECT coalesce(l.rate_count, q.rate_count, declared_count),
            coalesce(l.rate_period, q.rate_period, declared_period),
-           coalesce(start_key = ANY (l.start_keys), false), l.starts, l.start_keys
-      INTO allowed, period, seen, kept, kept_keys
+           coalesce(start_key = ANY (l.start_keys), false), l.starts, l.start_keys,
+           l.paused_until
+      INTO allowed, period, seen, kept, kept_keys, pause
       FROM "synclane".lanes l
       LEFT JOIN "synclane".queue_rates q ON q.queue = l.queue
      WHERE l.queue = queue_name AND l.lane = lane_name
        FOR UPDATE OF l;
     IF seen THEN
         RETURN 0;
+    END IF;
+    IF pause > now() AND NOT force THEN
+        RETURN greatest(extract(epoch FROM pause - now()), 0.001);
     END IF;
     -- the starts still in the window, oldest first, each with its key (in one pass)
     SELECT coalesce(array_agg(u.s ORDER BY u.s, u.n), '{}'),
@@ -263,64 +267,14 @@ CREATE INDEX IF NOT EXISTS jobs_waiting
     ON "synclane".jobs (queue, lane, status, owner) INCLUDE (type, next_run_at, created_at)
     WHERE status IN ('pending', 'failed', 'deferred');
 
--- Where a worker looks when the front of the line waits behind busy lanes: each lane's due_at is
--- the earliest instant one of its open jobs may be due, or NULL when the lane has none or was
--- found busy ("parked"). A hint, never a guarantee: the take checks every lane it reads, parks
--- the busy ones and moves the others' hint to their earliest job; a job that leaves `running`
--- un-parks its lane (unpark_lane); a job inserted by any means sets its lane's hint (the
--- trigger below). So a look for a free lane reads the lanes that may be due, not every lane.
+-- Where a worker looks when the front of the line waits behind busy lanes (take_by_lane, "a
+-- look"): each lane's due_at says when a look should read the lane again. It is a cache of what
+-- the lane's jobs say, written only by looks (and by folded wakes, below): a time (its earliest
+-- open job, or when its throttle's pause ends), 'infinity' (busy when last read: "parked"), or
+-- NULL (nothing open when last read). Nothing hides behind it: whatever makes a job of a lane
+-- due, or may give a lane room, writes a wake (lane_wakes, version 5) that the next look reads.
 ALTER TABLE "synclane".lanes ADD COLUMN IF NOT EXISTS due_at timestamptz;
 CREATE INDEX IF NOT EXISTS lanes_due ON "synclane".lanes (queue, due_at) WHERE due_at IS NOT NULL;
-
-CREATE OR REPLACE FUNCTION "synclane".lanes_of_new_jobs() RETURNS trigger
-LANGUAGE plpgsql AS $hint$
-BEGIN
-    INSERT INTO "synclane".lanes AS l (queue, lane, due_at)
-    SELECT queue, lane, min(next_run_at) FROM added
-    WHERE status IN ('pending', 'failed', 'deferred')
-    GROUP BY queue, lane
-    ORDER BY queue, lane
-    ON CONFLICT (queue, lane) DO UPDATE
-    SET due_at = least(l.due_at, excluded.due_at);
-    RETURN NULL;
-END
-$hint$;
-DROP TRIGGER IF EXISTS jobs_hint_lanes ON "synclane".jobs;
-CREATE TRIGGER jobs_hint_lanes AFTER INSERT ON "synclane".jobs
-    REFERENCING NEW TABLE AS added FOR EACH STATEMENT
-    EXECUTE FUNCTION "synclane".lanes_of_new_jobs();
-
--- A job of the lane stopped running (completed, failed, handed back …): when the lane was parked
--- as busy, its hint moves back to its earliest open job. `changed` is that job and `also` when it
--- is due now if it stays open (NULL if not): the caller's statement may not show it yet.
--- PL/pgSQL, not SQL: a session keeps the plan of a PL/pgSQL function's statement, while a SQL
--- function's body is parsed and planned again in every statement that calls it (that alone was
--- half the time of a take).
-CREATE OR REPLACE FUNCTION "synclane".unpark_lane(
-    queue_name text, lane_name text, also timestamptz, changed bigint
-) RETURNS integer LANGUAGE plpgsql AS $unpark$
-DECLARE
-    unparked integer;
-BEGIN
-    UPDATE "synclane".lanes l
-    SET due_at = CASE WHEN l.due_at IS NULL
-                      THEN least(also, (SELECT min(j.next_run_at) FROM "synclane".jobs j
-                                        WHERE j.queue = queue_name AND j.lane = lane_name
-                                          AND j.status IN ('pending', 'failed', 'deferred')
-                                          AND j.id <> changed))
-                      ELSE least(l.due_at, also) END
-    WHERE l.queue = queue_name AND l.lane = lane_name;
-    GET DIAGNOSTICS unparked = ROW_COUNT;
-    RETURN unparked;
-END
-$unpark$;
-
--- Lanes of a table made by an older synclane get their hint once.
-INSERT INTO "synclane".lanes AS l (queue, lane, due_at)
-SELECT queue, lane, min(next_run_at) FROM "synclane".jobs
-WHERE status IN ('pending', 'failed', 'deferred')
-GROUP BY queue, lane
-ON CONFLICT (queue, lane) DO UPDATE SET due_at = least(l.due_at, excluded.due_at);
 
 -- Live workers -------------------------------------------------------------------------------
 
@@ -394,10 +348,164 @@ CREATE TABLE IF NOT EXISTS "synclane".planner (
     pruned_at timestamptz
 );
 
--- Version 4 (with lanes.start_keys above): the lanes' hints are written by every statement that
--- stops a job of a lane or makes one due (the insert trigger, unpark_lane), so that a look lane
--- by lane never parks or moves a lane on what it read before one of them committed.
--- And it drops jobs_open_lanes: no statement reads it since the lanes table (version 3), and it
+-- Version 4 (with lanes.start_keys above) wrote the lanes' hints in every statement that stopped
+-- or added a job (version 5 replaces that with wakes, below). And it drops jobs_open_lanes: no statement reads it since the lanes table (version 3), and it
 -- cost an entry for every job that became open (jobs_waiting answers the same lookups).
 DROP INDEX IF EXISTS "synclane".jobs_open_lanes;
-INSERT INTO "synclane".schema_version (version) VALUES (4) ON CONFLICT DO NOTHING;
+
+-- Version 5 -------------------------------------------------------------------------------------
+-- The lanes' hints are a cache that no writer has to keep: the database writes a wake for every
+-- change of jobs that can make a lane worth reading, whoever makes it (synclane, the SQL of
+-- docs/operations.md, your own INSERT, UPDATE or DELETE), and the workers turn wakes into hints.
+
+-- A wake: a lane worth a look from due_at on (a job of it became open or due sooner, joined it,
+-- left it, or let go of a lease). Only ever inserted and deleted, never updated, and with no key:
+-- writing one never waits for another transaction, and one that is written by a transaction
+-- still open (enqueue(conn=...)) holds nothing a worker needs. A look deletes the wakes of the
+-- lanes it has read; fold_wakes turns the others into hints every poll_interval.
+CREATE TABLE IF NOT EXISTS "synclane".lane_wakes (
+    queue text NOT NULL,
+    lane text NOT NULL,
+    due_at timestamptz NOT NULL
+);
+-- looks read the wakes that have come, earliest first; a fold and a look find a lane's wakes
+CREATE INDEX IF NOT EXISTS lane_wakes_due ON "synclane".lane_wakes (queue, due_at);
+CREATE INDEX IF NOT EXISTS lane_wakes_lane ON "synclane".lane_wakes (queue, lane);
+
+-- New jobs wake their lanes: one wake per lane of the statement's open rows. The wake functions
+-- run as the schema's owner (SECURITY DEFINER, with a search_path of nothing but the catalog), so
+-- that a role that may write jobs, yours, needs no grant on lane_wakes.
+CREATE OR REPLACE FUNCTION "synclane".wake_lanes_of_new_jobs() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $wake$
+BEGIN
+    INSERT INTO "synclane".lane_wakes (queue, lane, due_at)
+    SELECT queue, lane, min(next_run_at) FROM added
+    WHERE status IN ('pending', 'failed', 'deferred')
+    GROUP BY queue, lane;
+    RETURN NULL;
+END
+$wake$;
+DROP TRIGGER IF EXISTS jobs_wake_new_lanes ON "synclane".jobs;
+CREATE TRIGGER jobs_wake_new_lanes AFTER INSERT ON "synclane".jobs
+    REFERENCING NEW TABLE AS added FOR EACH STATEMENT
+    EXECUTE FUNCTION "synclane".wake_lanes_of_new_jobs();
+
+-- A changed job wakes its lane when it became open, due sooner, joined the lane or stopped
+-- running other than by completing (its lane may have room), or when a stopped job let go of its
+-- lease; a job that left a lane wakes the lane it left. Taking a job (it starts running) and
+-- completing one (the worker's hot path), and saving pages, wake nothing, and the trigger's
+-- condition is short, because PostgreSQL prepares it again for every statement that updates jobs:
+-- the worker that completes tells about the lanes it frees (notify_freed_lanes), and
+-- wake_parked_lanes finds any lane freed otherwise.
+CREATE OR REPLACE FUNCTION "synclane".wake_lanes_of_changed_job() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $wake$
+BEGIN
+    IF (OLD.queue, OLD.lane) IS DISTINCT FROM (NEW.queue, NEW.lane) THEN
+        INSERT INTO "synclane".lane_wakes (queue, lane, due_at) VALUES (OLD.queue, OLD.lane, now());
+        IF NEW.status IN ('pending', 'failed', 'deferred') THEN
+            INSERT INTO "synclane".lane_wakes (queue, lane, due_at)
+            VALUES (NEW.queue, NEW.lane, NEW.next_run_at);
+        END IF;
+    ELSIF OLD.status = 'running' OR (OLD.lease_token IS NOT NULL AND NEW.lease_token IS NULL) THEN
+        -- stopped running, or let go of a lease: the lane may have room now
+        INSERT INTO "synclane".lane_wakes (queue, lane, due_at)
+        VALUES (NEW.queue, NEW.lane,
+                CASE WHEN NEW.status IN ('pending', 'failed', 'deferred')
+                     THEN least(NEW.next_run_at, now()) ELSE now() END);
+    ELSIF NEW.status IN ('pending', 'failed', 'deferred')
+          AND (OLD.status NOT IN ('pending', 'failed', 'deferred')
+               OR NEW.next_run_at < OLD.next_run_at) THEN
+        INSERT INTO "synclane".lane_wakes (queue, lane, due_at)
+        VALUES (NEW.queue, NEW.lane, NEW.next_run_at);
+    END IF;
+    RETURN NULL;
+END
+$wake$;
+DROP TRIGGER IF EXISTS jobs_wake_changed_lanes ON "synclane".jobs;
+CREATE TRIGGER jobs_wake_changed_lanes
+    AFTER UPDATE OF status, next_run_at, lane, queue, lease_token ON "synclane".jobs
+    FOR EACH ROW
+    WHEN (NEW.status <> 'running' AND NEW.status <> 'completed'
+          OR NEW.lane <> OLD.lane OR NEW.queue <> OLD.queue)
+    EXECUTE FUNCTION "synclane".wake_lanes_of_changed_job();
+
+-- A throttle's pause made shorter by hand (docs/operations.md, fix_unthrottle) brings the lane's
+-- hint to now: a look reads the lane again at once (a parked lane stays parked: it is busy).
+CREATE OR REPLACE FUNCTION "synclane".lanes_pause_shortened() RETURNS trigger
+LANGUAGE plpgsql AS $pause$
+BEGIN
+    IF NEW.due_at IS DISTINCT FROM 'infinity' THEN
+        NEW.due_at := now();
+    END IF;
+    RETURN NEW;
+END
+$pause$;
+DROP TRIGGER IF EXISTS lanes_pause_shortened ON "synclane".lanes;
+CREATE TRIGGER lanes_pause_shortened BEFORE UPDATE OF paused_until ON "synclane".lanes
+    FOR EACH ROW
+    WHEN (OLD.paused_until IS NOT NULL
+          AND (NEW.paused_until IS NULL OR NEW.paused_until < OLD.paused_until))
+    EXECUTE FUNCTION "synclane".lanes_pause_shortened();
+
+-- A lane's row deleted by hand takes its hint along: the lane gets a wake instead.
+CREATE OR REPLACE FUNCTION "synclane".wake_deleted_lanes() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $wake$
+BEGIN
+    INSERT INTO "synclane".lane_wakes (queue, lane, due_at)
+    SELECT queue, lane, now() FROM removed;
+    RETURN NULL;
+END
+$wake$;
+DROP TRIGGER IF EXISTS lanes_wake_deleted ON "synclane".lanes;
+CREATE TRIGGER lanes_wake_deleted AFTER DELETE ON "synclane".lanes
+    REFERENCING OLD TABLE AS removed FOR EACH STATEMENT
+    EXECUTE FUNCTION "synclane".wake_deleted_lanes();
+
+-- Version 4 wrote the hints in its statements: its insert trigger goes, and unpark_lane, which a
+-- worker of version 4 still running beside this schema calls, does nothing any more.
+DROP TRIGGER IF EXISTS jobs_hint_lanes ON "synclane".jobs;
+DROP FUNCTION IF EXISTS "synclane".lanes_of_new_jobs();
+CREATE OR REPLACE FUNCTION "synclane".unpark_lane(
+    queue_name text, lane_name text, also timestamptz, changed bigint
+) RETURNS integer LANGUAGE plpgsql AS $unpark$
+BEGIN
+    RETURN 1;
+END
+$unpark$;
+
+-- A queue's cap (max_running) counts every live lease, as a lane does: a cancelled job whose page
+-- is still in flight keeps its slot of the queue until its worker lets go of the lease.
+-- (Replaces version 3's jobs_running_queue_slot, which counted only running rows.)
+DROP INDEX IF EXISTS "synclane".jobs_running_queue_slot;
+CREATE UNIQUE INDEX IF NOT EXISTS jobs_leased_queue_slot
+    ON "synclane".jobs (queue, queue_slot) WHERE queue_slot IS NOT NULL AND lease_token IS NOT NULL;
+
+-- Version 4's hints said NULL both for "parked" and for "nothing open", and nothing told version
+-- 5's looks about a parked lane: every lane with open jobs gets a wake once, and a look rereads it.
+DO $upgrade$
+BEGIN
+    IF NOT EXISTS (SELECT FROM "synclane".schema_version WHERE version = 5) THEN
+        INSERT INTO "synclane".lane_wakes (queue, lane, due_at)
+        SELECT queue, lane, min(next_run_at) FROM "synclane".jobs
+        WHERE status IN ('pending', 'failed', 'deferred')
+        GROUP BY queue, lane;
+    END IF;
+END
+$upgrade$;
+-- Version 5, continued: lost answers and the planning lease -------------------------------
+
+-- The key of the statement that last ended a job's lease without finishing it: the lease token
+-- for a hand-back or a wait for the lane's rate, the reclaim's own key for an expired lease. A
+-- statement sent again after its answer was lost finds its own commit by it (also once another
+-- worker has taken the job), so that the worker reports what the table did.
+ALTER TABLE "synclane".jobs ADD COLUMN IF NOT EXISTS release_key uuid;
+
+-- The planning round of a queue holds a lease on its planner row (synclane/rounds.py): a token and
+-- an end, renewed while the round works, so that a planner stopped in its round (SIGSTOP, a
+-- frozen machine) keeps the others from planning the queue only until its lease ends. (It
+-- replaces a transaction advisory lock, which a stopped planner kept for as long as it was
+-- stopped, and which a transaction pooler cannot carry.)
+ALTER TABLE "synclane".planner ADD COLUMN IF NOT EXISTS planning_token uuid;
+ALTER TABLE "synclane".planner ADD COLUMN IF NOT EXISTS planning_until timestamptz;
+
+INSERT INTO "synclane".schema_version (version) VALUES (5) ON CONFLICT DO NOTHING;

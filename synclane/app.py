@@ -319,14 +319,17 @@ class SyncLane(Reads):
 
     def cancel(self, queue: str, owner: str, reason: str, type: str | None = None) -> int:
         """Cancel what has not finished for an owner (an account disconnected). A running job's
-        worker learns it at its next page save or heartbeat and stops. Returns how many."""
+        worker learns it at its next page save or heartbeat and stops. The reason (at most
+        1,000 characters, as `synclane cancel --reason`) is kept in the jobs' error. Returns how
+        many."""
         return self._operations.cancel(queue, owner, reason, type)
 
     def pause(self, queue: str, reason: str, *, by: str | None = None) -> dict[str, Any]:
         """Stop taking from a queue, in every process sharing the table, until `resume`: a
         running job stops at its next page boundary and is handed back with its cursor, its
         attempt not used; planning goes on. `by` defaults to user@host. Returns the pause
-        (when, by whom, why); pausing a paused queue keeps when and by whom, takes the reason."""
+        (when, by whom, why); pausing a paused queue keeps when and by whom, takes the reason.
+        The reason is at most 1,000 characters, as `synclane pause --reason`."""
         return self._operations.pause(queue, reason, by)
 
     def resume(self, queue: str) -> bool:
@@ -346,8 +349,14 @@ class SyncLane(Reads):
         self._operations.set_lane_rate(queue, rate, lane)
 
     def open_jobs(self, queues: Sequence[str] | None = None) -> int:
-        """How many jobs of these queues (default: all declared) have not finished."""
-        return self._operations.open_jobs(queues)
+        """How many jobs of these queues (default: all declared) are open: pending, running,
+        failed or deferred."""
+        return self._operations.unfinished_jobs(queues)[0]
+
+    def unfinished_jobs(self, queues: Sequence[str] | None = None) -> tuple[int, int]:
+        """(open, waiting for a human): the open jobs of these queues, and the abandoned ones,
+        which nothing runs until a requeue. What a progress bar counts besides the done ones."""
+        return self._operations.unfinished_jobs(queues)
 
     # -- workers ---------------------------------------------------------------------------
 

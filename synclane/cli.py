@@ -4,10 +4,11 @@ Exit status: 0 done; 2 a mistake on the command line (an option's value, a name 
 table does not know, a database that cannot be reached: one line on stderr names it); 3 `work
 --until-idle` or `plan --work` stopped with jobs left open or waiting for a human (the last
 lines say which and why); 1 an unexpected error (one line; `--traceback` shows where); 130
-interrupted; SIGTERM and SIGHUP stop `work`, `demo` and `dashboard` as a stop asked for
-(exit 0) and any other command with 128 + the signal's number, after the same clean-up as
-Ctrl-C (the embedded PostgreSQL is stopped if nothing else uses it). Results go to stdout;
-log lines and the progress bar to stderr (synclane.terminal).
+interrupted by Ctrl-C (the commands that run a while hand their jobs back first). SIGTERM and
+SIGHUP end `work`, `demo` and `dashboard` with their usual status and any other command with
+128 + the signal's number, after the same clean-up (the embedded PostgreSQL is stopped if
+nothing else uses it). Results go to stdout; log lines and the progress bar to stderr
+(synclane.terminal).
 
 Here: the parser and `main`. The commands are in `cli_work` (those that run a while) and
 `cli_table` (one-shot reads and fixes of the table); option values and shared help in `cli_args`.
@@ -38,7 +39,13 @@ from synclane.cli_args import (
 )
 from synclane.connection import reading_only
 from synclane.errors import SchemaError, first_line
-from synclane.model import STATUSES, ConfigError
+from synclane.model import (
+    MAX_REASON_LENGTH,
+    MAX_WORK_BUDGET,
+    MAX_WORK_RUNS,
+    STATUSES,
+    ConfigError,
+)
 from synclane.version import __version__
 
 if TYPE_CHECKING:
@@ -90,7 +97,7 @@ def parser() -> argparse.ArgumentParser:
             epilog="examples:\n" + "\n".join(f"  {example}" for example in examples),
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
-        sub.set_defaults(run=run)
+        sub.set_defaults(run=run, command_parser=sub)
         return sub
 
     name = cli_args.name
@@ -268,7 +275,10 @@ def parser() -> argparse.ArgumentParser:
     )
     cli_args.add_filters(cancel, queue="the queue (needed when the app has several)")
     cancel.add_argument(
-        "--reason", type=name("--reason"), required=True, help="kept in the jobs' error"
+        "--reason",
+        type=cli_args.reason("cancel"),
+        required=True,
+        help=f"kept in the jobs' error (at most {MAX_REASON_LENGTH:,} characters)",
     )
 
     pause = command(
@@ -281,7 +291,10 @@ def parser() -> argparse.ArgumentParser:
         "--queue", type=name("--queue"), help="the queue (needed when the app has several)"
     )
     pause.add_argument(
-        "--reason", type=name("--reason"), required=True, help="why, shown to everyone"
+        "--reason",
+        type=cli_args.reason("pause"),
+        required=True,
+        help=f"why, shown to everyone (at most {MAX_REASON_LENGTH:,} characters)",
     )
     resume = command(
         "resume",
@@ -333,13 +346,13 @@ def parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--work-budget",
-        type=cli_args.whole(1, 86_400, "540"),
+        type=cli_args.whole(1, MAX_WORK_BUDGET, "540"),
         default=540,
         help="seconds each `work` run works (default 540)",
     )
     serve.add_argument(
         "--work-runs",
-        type=cli_args.whole(1, 1_000, "2"),
+        type=cli_args.whole(1, MAX_WORK_RUNS, "2"),
         default=1,
         help="how many `work` runs to keep going at once (default 1)",
     )
@@ -347,8 +360,12 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    main_parser = parser()
     try:
-        args = parser().parse_args(argv)
+        args, extras = main_parser.parse_known_args(argv)
+        if extras:  # told by the command's own parser, so that its --help is the one named
+            command: argparse.ArgumentParser = getattr(args, "command_parser", main_parser)
+            command.error(f"unrecognized arguments: {' '.join(extras)}")
     except SystemExit as done:  # --help, or a mistake argparse found (its line is printed)
         return done.code if isinstance(done.code, int) else EXIT_MISTAKE
     from synclane.terminal import Terminal
@@ -361,7 +378,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Stopped as stop:
         return 128 + stop.signum
     except KeyboardInterrupt:
-        return 130
+        return cli_work.EXIT_INTERRUPTED
     except Exception as error:
         mistake = isinstance(error, (UsageError, *USER_ERRORS))
         if args.traceback:

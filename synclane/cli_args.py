@@ -11,23 +11,28 @@ import contextlib
 import math
 import os
 import re
+import shlex
+import shutil
 import signal
+import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 
 from synclane import loading
-from synclane.app import OwnerSourceError, SyncLane
+from synclane.app import OwnerSourceError, SyncLane, redact
 from synclane.connection import creating_allowed
-from synclane.model import MAX_DURATION, ConfigError, check_name
+from synclane.model import MAX_DURATION, ConfigError, check_name, check_reason
 
 
 class UsageError(Exception):
     """A mistake on the command line; printed as one line."""
 
 
-class Stopped(KeyboardInterrupt):
-    """SIGTERM or SIGHUP reached a command: it unwinds like Ctrl-C, so that every `finally`
-    and exit handler runs (the embedded PostgreSQL's stop among them)."""
+class Stopped(BaseException):
+    """SIGTERM or SIGHUP reached a command: it unwinds like Ctrl-C (no `except Exception` holds
+    it), so that every `finally` and exit handler runs (the embedded PostgreSQL's stop among
+    them); unlike Ctrl-C it is no interruption, and the page's server does not swallow it."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(signum)
@@ -62,8 +67,8 @@ The DSN comes from --dsn or $SYNCLANE_DSN (with neither: the embedded PostgreSQL
 
 exit status: 0 done; 2 a mistake (one line says which option or name); 3 `work --until-idle` or
 `plan --work` left jobs open or waiting for a human (the last lines say which and why);
-1 an unexpected error (--traceback shows where); 130 interrupted. SIGTERM and SIGHUP stop
-`work`, `demo` and `dashboard` cleanly (exit 0).
+1 an unexpected error (--traceback shows where); 130 interrupted by Ctrl-C (after the jobs
+were handed back). SIGTERM and SIGHUP stop `work`, `demo` and `dashboard` as a stop asked for.
 """
 
 
@@ -187,6 +192,18 @@ def cause_id(text: str) -> str:
     return text.strip().lower()
 
 
+def reason(command: str) -> Callable[[str], str]:
+    """--reason: the limit app.pause and app.cancel keep (check_reason)."""
+
+    def parse(text: str) -> str:
+        try:
+            return check_reason(command, text, f"{command} --reason 'warehouse maintenance'")
+        except ConfigError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+
+    return parse
+
+
 def name(what: str) -> Callable[[str], str]:
     def parse(text: str) -> str:
         try:
@@ -296,3 +313,53 @@ def filters(**named: str | None) -> str:
     """' (owner acme-us, type orders)' for the filters given, '' for none."""
     given = [f"{name} {value}" for name, value in named.items() if value]
     return f" ({', '.join(given)})" if given else ""
+
+
+# -- commands printed for the reader to run -------------------------------------------------
+
+
+def program() -> str:
+    """How another terminal runs this synclane: `synclane` where that name on its PATH is this
+    very program; else this program's path (a virtualenv's bin folder is rarely on the PATH of
+    a new terminal); else this Python with `-m synclane.cli`."""
+    script = Path(sys.argv[0])
+    if script.name != "synclane":  # `python -m synclane.cli`
+        script = Path(sys.executable).parent / "synclane"  # the script of this environment
+        if not script.is_file():
+            return f"{_shell_path(Path(sys.executable))} -m synclane.cli"
+    found = shutil.which("synclane")
+    if found is not None and os.path.samefile(found, script):
+        return "synclane"
+    return _shell_path(script.absolute())
+
+
+def _shell_path(path: Path) -> str:
+    """A path a shell reads as it is: `~/…` under the home folder (shorter), quoted if need be."""
+    text = str(path)
+    home = str(Path.home())
+    if text.startswith(home + os.sep) and shlex.quote(text) == text:
+        return "~" + text[len(home) :]
+    return shlex.quote(text)
+
+
+def rerun(app: SyncLane, app_path: str, *, dsn_option: bool) -> tuple[str, str]:
+    """The start of a command that reaches this app's table from another terminal, and what it
+    needs there that cannot be printed (a password), '' when nothing: the program, the
+    database (a DSN without a password as --dsn; the embedded one's folder when it was chosen
+    by $SYNCLANE_DATA_DIR), the schema when it is not the default, and --app. `dsn_option`:
+    whether the DSN came from --dsn (else from $SYNCLANE_DSN)."""
+    words = [program()]
+    needs = ""
+    if app.embedded:
+        folder = os.environ.get("SYNCLANE_DATA_DIR")
+        if folder:
+            words.insert(0, f"SYNCLANE_DATA_DIR={_shell_path(Path(folder).absolute())}")
+    elif redact(app.dsn) == app.dsn:
+        words += ["--dsn", shlex.quote(app.dsn)]
+    else:
+        given = "the same --dsn" if dsn_option else "SYNCLANE_DSN set as here"
+        needs = f" (with {given}: the DSN holds a password)"
+    if app.schema != "synclane":
+        words += ["--schema", shlex.quote(app.schema)]
+    words += ["--app", app_path]
+    return " ".join(words), needs

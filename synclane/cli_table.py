@@ -157,7 +157,8 @@ def cmd_cancel(args: argparse.Namespace, term: Terminal) -> int:
 def cmd_pause(args: argparse.Namespace, term: Terminal) -> int:
     app = cli_args.load_app(args)
     (queue,) = cli_args.queues(app, args.queue, one=True)
-    pause = app.pause(queue, args.reason)
+    with term.telling_the_change():
+        pause = app.pause(queue, args.reason)
     since = f"{pause['paused_at']:%Y-%m-%d %H:%M:%S} UTC"
     term.say(
         f"queue {queue} paused since {since} by {pause['paused_by']}: {pause['reason']}; "
@@ -169,7 +170,9 @@ def cmd_pause(args: argparse.Namespace, term: Terminal) -> int:
 def cmd_resume(args: argparse.Namespace, term: Terminal) -> int:
     app = cli_args.load_app(args)
     (queue,) = cli_args.queues(app, args.queue, one=True)
-    if app.resume(queue):
+    with term.telling_the_change():
+        resumed = app.resume(queue)
+    if resumed:
         term.say(f"queue {queue} resumed")
     else:
         term.say(f"queue {queue} was not paused")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import signal
 import threading
 from collections.abc import Callable, Sequence
 from datetime import timedelta
@@ -24,6 +25,9 @@ if TYPE_CHECKING:
 
 # `work --until-idle` and `plan --work` stopped with jobs left open or waiting for a human
 EXIT_WORK_LEFT = 3
+# Ctrl-C (SIGINT), as shells report a command it stopped; SIGTERM (a deploy, a supervisor)
+# stops a worker as asked, with its usual status
+EXIT_INTERRUPTED = 130
 
 
 def cmd_plan(args: argparse.Namespace, term: Terminal) -> int:
@@ -72,7 +76,7 @@ def _work(
         if metrics_at is not None:
             listeners.append(_serve_metrics(app, queues, *metrics_at, term, serving))
         elapsed = timer()
-        with term.progress(lambda: app.open_jobs(queues), "working") as bar:
+        with term.progress(lambda: app.unfinished_jobs(queues), "working") as bar:
             worker = app.worker(
                 queues, seconds, until_idle=until_idle, idle_grace=grace,
                 on_event=[*listeners, bar],
@@ -82,6 +86,8 @@ def _work(
     left = left_open(app, queues)
     for line in left or ["nothing left open"]:
         term.say(line)
+    if worker.interrupted_by == signal.SIGINT:
+        return EXIT_INTERRUPTED
     return EXIT_WORK_LEFT if until_idle and left else 0
 
 
@@ -118,8 +124,7 @@ def cmd_dashboard(args: argparse.Namespace, term: Terminal) -> int:
     def ready(url: str) -> None:
         print(f"synclane dashboard on {url} (Ctrl-C stops it)", flush=True)
 
-    # SIGTERM or SIGHUP: a stop asked for, taken as `work` takes it (exit 0)
-    with contextlib.suppress(cli_args.Stopped):
+    try:
         dashboard.serve(
             app,
             host=args.host,
@@ -130,8 +135,11 @@ def cmd_dashboard(args: argparse.Namespace, term: Terminal) -> int:
             metrics=args.metrics,
             **_page_options(args),
         )
+    except cli_args.Stopped:  # SIGTERM or SIGHUP: a stop asked for, as `work` takes it
+        app.close()
+        return 0
     app.close()
-    return 0
+    return EXIT_INTERRUPTED  # serve() returns once Ctrl-C stopped it
 
 
 def _page_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -150,7 +158,7 @@ def cmd_demo(args: argparse.Namespace, term: Terminal) -> int:
     from synclane.demo import build_demo, data_schema_for
     from synclane.demo.story import Story
     from synclane.demo.story import log as story_log
-    from synclane.events import EventLog, Listener
+    from synclane.events import WHOLE_LINE, EventLog, Listener
     from synclane.terminal import EventPrinter, left_open, report_text
 
     schema = args.schema or "synclane"
@@ -175,19 +183,23 @@ def cmd_demo(args: argparse.Namespace, term: Terminal) -> int:
         term.say(f"synclane demo on {where}: open {server.url}")
     else:
         term.say(f"synclane demo on {where}")
-    command = "synclane" + (f" --schema {schema}" if schema != "synclane" else "")
-    command += " --app synclane.demo.app:app"
-    same_dsn = " (with the same --dsn)" if args.dsn else ""
-    term.say(f"Ctrl-C stops it; `{command} jobs` shows the table from another terminal{same_dsn}")
+    # Commands for another terminal, as they run there: on lines of their own, never wrapped.
+    command, needs = cli_args.rerun(app, "synclane.demo.app:app", dsn_option=bool(args.dsn))
+    term.say(f"Ctrl-C stops it; the jobs table from another terminal{needs}:")
+    term.say(f"  {command} jobs")
 
     def say(text: str) -> None:
         story_log.info("%s", text)
         events.note(text)
 
-    story = Story(demo, command=command, say=say)
+    def say_command(text: str) -> None:
+        story_log.info("%s", text, extra={WHOLE_LINE: True})
+        events.note(text)
+
+    story = Story(demo, command=command, say=say, say_command=say_command, page=server is not None)
     story.intro(sum(app.plan().values()), kept=args.keep)
     try:
-        with term.progress(lambda: app.open_jobs(), "demo") as bar:
+        with term.progress(lambda: app.unfinished_jobs(), "demo") as bar:
             listeners: list[Listener] = [EventPrinter(app), story, bar, events]
             worker = app.worker(None, args.seconds, on_event=listeners)
             report = worker.run()
@@ -200,7 +212,7 @@ def cmd_demo(args: argparse.Namespace, term: Terminal) -> int:
     for line in left_open(app, list(app.queues)) or ["nothing left open"]:
         term.say(line)
     demo.close()
-    return 0
+    return EXIT_INTERRUPTED if worker.interrupted_by == signal.SIGINT else 0
 
 
 def cmd_serve(args: argparse.Namespace, term: Terminal) -> int:

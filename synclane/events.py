@@ -21,6 +21,10 @@ from typing import Literal
 
 from synclane.model import ConfigError
 
+# A log record with this attribute set (`extra={WHOLE_LINE: True}`) is a command for the reader to
+# copy: the command line prints it whole on a line of its own, never wrapped to the terminal.
+WHOLE_LINE = "synclane_whole_line"
+
 Kind = Literal[
     "started",  # a slot took the job and runs its first page of this attempt
     "page",  # a page ended and its cursor is saved

@@ -23,6 +23,9 @@ IDLE_GRACE = timedelta(seconds=30)
 # (about 2,700 bytes) whatever the script. And the longest error, in characters.
 MAX_NAME_LENGTH = 512
 MAX_ERROR_LENGTH = 2000
+# The longest reason an operator gives for a pause or a cancel, in characters, in Python and on
+# the command line alike (a cancel keeps "Cancelled: <reason>" as the jobs' error).
+MAX_REASON_LENGTH = 1000
 # The longest duration a setting may have. Longer ones overflow PostgreSQL's timestamps (or
 # Python's dates) once added to now, and mean "never" anyway.
 MAX_DURATION = timedelta(days=36525)
@@ -31,9 +34,18 @@ MAX_DURATION = timedelta(days=36525)
 MAX_SLICES = 100_000
 # processed_count is a bigint.
 MAX_COUNT = 2**63 - 1
+# What an integer column or parameter holds (attempt_count, max_attempts, queue_slot, max_running).
+MAX_INTEGER = 2**31 - 1
 # A lane's slot number is a smallint; a rate remembers its last `count` starts per lane.
 MAX_LANE_WIDTH = 32_767
 MAX_RATE_COUNT = 10_000
+# Slots of one queue in one process (each may hold a connection of the worker's pool); more
+# work at once is more processes.
+MAX_CONCURRENCY = 1_000
+# Work runs a Prefect deployment or a Dagster schedule keeps going at once, and the seconds each
+# works (`synclane serve --work-runs`, `--work-budget`).
+MAX_WORK_RUNS = 1_000
+MAX_WORK_BUDGET = 86_400
 # The instants a window or a filter may name: a day inside Python's years on either side, so
 # that no conversion (a time zone, a day's arithmetic) leaves them.
 EARLIEST = datetime(1, 1, 2, tzinfo=UTC)
@@ -58,6 +70,20 @@ def check_name(what: str, value: object) -> str:
         raise ConfigError(
             f"{what} is {size} bytes long in UTF-8 ({len(value)} characters); keep it to "
             f"{MAX_NAME_LENGTH} bytes"
+        )
+    return value
+
+
+def check_reason(what: str, value: object, example: str) -> str:
+    """An operator's reason (a pause, a cancel): a str with more than blanks, of at most
+    MAX_REASON_LENGTH characters. What PostgreSQL text cannot hold is left out when it is
+    stored (operations.storable), not refused: it is free text."""
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(f"{what} needs a reason, e.g. {example}")
+    if len(value) > MAX_REASON_LENGTH:
+        raise ConfigError(
+            f"{what}: the reason is {len(value):,} characters long; keep it to "
+            f"{MAX_REASON_LENGTH:,}"
         )
     return value
 
@@ -100,6 +126,15 @@ def to_duration(setting: str, value: object, *, allow_zero: bool = False) -> tim
     if duration > MAX_DURATION:
         raise ConfigError(f"{setting}={duration} is longer than 100 years; use a shorter duration")
     return duration
+
+
+def check_whole(setting: str, value: object, most: int, why: str) -> int:
+    """A count from 1 to `most` (what its column or parameter holds; `why` says which)."""
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= most:
+        raise ConfigError(
+            f"{setting}={value!r:.100} must be a whole number from 1 to {most:,} ({why})"
+        )
+    return value
 
 
 def check_slices(name: str, horizon: timedelta, slice: timedelta) -> None:
@@ -302,18 +337,18 @@ class QueueSettings:
     retention: timedelta | None = None
 
     def __post_init__(self) -> None:
-        for name in ("concurrency", "max_attempts", "lane_width"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(f"{name}={value!r} must be a whole number >= 1")
-        if self.lane_width > MAX_LANE_WIDTH:
-            raise ConfigError(f"lane_width={self.lane_width} must be at most {MAX_LANE_WIDTH:,}")
-        running = self.max_running
-        if running is not None and (
-            not isinstance(running, int) or isinstance(running, bool) or running < 1
+        for name, most, why in (
+            ("concurrency", MAX_CONCURRENCY, "for more at once, start more worker processes"),
+            ("max_attempts", MAX_INTEGER, "attempts are counted in an integer column"),
+            ("lane_width", MAX_LANE_WIDTH, "a lane's slot is a smallint column"),
         ):
-            raise ConfigError(
-                f"max_running={running!r} must be a whole number >= 1, or None for no cap"
+            check_whole(name, getattr(self, name), most, why)
+        if self.max_running is not None:
+            check_whole(
+                "max_running",
+                self.max_running,
+                MAX_INTEGER,
+                "a queue's slot is an integer column; None for no cap",
             )
         object.__setattr__(self, "lane_rate", Rate.of("lane_rate", self.lane_rate))
         for name in (

@@ -19,12 +19,12 @@ import psycopg
 
 from synclane.connection import Database
 from synclane.errors import storable
-from synclane.model import ConfigError, Rate, check_aware, check_name, unstorable
+from synclane.model import ConfigError, Rate, check_aware, check_name, check_reason, unstorable
 from synclane.owners import owner_batches
 from synclane.queues import Catalog, Queue
 from synclane.steps import Blocking, Fetch, Steps, run, run_async
 
-log = logging.getLogger("synclane")
+log = logging.getLogger(__name__)  # "synclane.operations": the command line quiets it alone
 
 REQUEUE_STATUSES = ("failed", "deferred", "abandoned")
 MAX_ID = 2**63 - 1
@@ -33,7 +33,7 @@ ATTEMPTS = 10
 
 
 class Operations:
-    """enqueue, requeue, cancel and open_jobs for the queues of one catalog."""
+    """enqueue, requeue, cancel and the unfinished jobs for the queues of one catalog."""
 
     def __init__(self, database: Database, catalog: Catalog, owners_timeout: timedelta) -> None:
         self.database = database
@@ -204,10 +204,9 @@ class Operations:
         check_name("owner", owner)
         if type is not None:
             q.job_type(type)
-        if not isinstance(reason, str) or not reason.strip():
-            raise ConfigError("cancel needs a reason, e.g. cancel('shops', owner, 'disconnected')")
+        check_reason("cancel", reason, "cancel('shops', owner, 'disconnected')")
         # Free text: kept as given, less what PostgreSQL text cannot hold.
-        error = storable(f"Cancelled: {reason}")[:2000]
+        error = storable(f"Cancelled: {reason}")
         params = {"queue": q.name, "owner": owner, "type": type, "error": error}
         cancelled = self._changing("cancel_jobs", params)
         if cancelled:
@@ -230,13 +229,10 @@ class Operations:
 
     def pause(self, queue: str, reason: str, by: str | None = None) -> dict[str, Any]:
         q = self.catalog.get(queue)
-        if not isinstance(reason, str) or not reason.strip():
-            raise ConfigError(
-                "pause needs a reason, e.g. pause('shops', 'warehouse maintenance until 14:00')"
-            )
+        check_reason("pause", reason, "pause('shops', 'warehouse maintenance until 14:00')")
         who = by if by is not None else default_author()
         check_name("by", who)
-        params = {"queue": q.name, "reason": storable(reason)[:2000], "by": who}
+        params = {"queue": q.name, "reason": storable(reason), "by": who}
         with self.database.connection() as conn:
             row = conn.execute(self.database.store.query("pause_queue"), params).fetchone()
         assert row is not None
@@ -276,11 +272,11 @@ class Operations:
         where = f"lane {lane} of queue {q.name}" if lane is not None else f"queue {q.name}"
         log.info("rate of %s: %s", where, given or "back to the declared one")
 
-    def open_jobs(self, queues: Sequence[str] | None = None) -> int:
+    def unfinished_jobs(self, queues: Sequence[str] | None = None) -> tuple[int, int]:
         names = [q.name for q in self.catalog.pick(queues or None)]
         with self.database.connection() as conn:
             row = conn.execute(self.database.store.query("open_jobs"), {"queues": names}).fetchone()
-        return 0 if row is None else int(row[0])
+        return (0, 0) if row is None else (int(row[0]), int(row[1]))
 
 
 def default_author() -> str:

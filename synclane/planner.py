@@ -5,8 +5,9 @@
   in batches (synclane.batches: one serializable read and insert per batch). With `conn=` it runs
   in the caller's transaction instead.
 - `Planner.round(queue)` is what a worker runs every `plan_interval`: only one process plans a
-  queue at a time (a transaction advisory lock the others do not wait for), and the round plans
-  only what is due (synclane.rounds).
+  queue at a time (a lease on the queue's planner row that the others do not wait for, and that
+  ends when its round stops renewing it), and the round plans only what is due
+  (synclane.rounds).
 - `Planner.prune()` deletes finished rows nothing needs any more (synclane.pruning).
 
 docs/planning.md explains the rules and the round; docs/operations.md the retention.
@@ -15,10 +16,9 @@ docs/planning.md explains the rules and the round; docs/operations.md the retent
 from __future__ import annotations
 
 import asyncio
-import hashlib
+import contextlib
 import logging
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable
 from datetime import timedelta
 from typing import Any, TypeVar
 
@@ -31,7 +31,7 @@ from synclane.model import ConfigError, JobType, Owner, WindowedType, check_name
 from synclane.owners import owner_batches
 from synclane.pruning import prune_queue
 from synclane.queues import Catalog, Queue
-from synclane.rounds import Round
+from synclane.rounds import LeaseGone, PlanningLease, Round, planning_lease
 from synclane.steps import Steps, run, run_async
 
 log = logging.getLogger("synclane")
@@ -228,30 +228,23 @@ class Planner:
         queue = self.catalog.get(queue_name)
         if not queue.types or queue.owner_source is None:
             return 0
-        with self._round_connections() as (lock, work):
-            row = lock.execute(
-                self.database.store.query("plan_lock"), {"key": lock_key(self.database, queue)}
-            ).fetchone()
-            if row is None or not row[0]:
-                return None
-            return Round(self.database, queue, work, self.timeout_seconds).run()
-
-    @contextmanager
-    def _round_connections(
-        self,
-    ) -> Iterator[tuple[psycopg.Connection[Any], psycopg.Connection[Any]]]:
-        """A connection whose open transaction holds the round's lock (it reads nothing after
-        taking it, so it holds back no vacuum), and one for the round's work."""
-        lock = self.database.connect()
+        work = self.database.connect()
         try:
-            lock.autocommit = False
-            work = self.database.connect()
+            lease = PlanningLease(
+                work, self.database.store, queue.name, planning_lease(self.owners_timeout)
+            )
+            if not lease.take():
+                return None
             try:
-                yield lock, work
+                return Round(self.database, queue, work, self.timeout_seconds, lease).run()
+            except LeaseGone as gone:
+                log.warning("%s; this round ends here", gone)
+                return None
             finally:
-                work.close()
+                with contextlib.suppress(psycopg.Error):
+                    lease.release()
         finally:
-            lock.close()
+            work.close()
 
     # -- retention ---------------------------------------------------------------------------
 
@@ -259,17 +252,4 @@ class Planner:
         """Delete the finished rows older than `older_than` that nothing reads any more."""
         queues = self.catalog.pick(queue)
         self.database.check_schema()
-        deleted = 0
-        conn = self.database.connect()
-        try:
-            for q in queues:
-                deleted += prune_queue(self.database, conn, q, older_than)
-        finally:
-            conn.close()
-        return deleted
-
-
-def lock_key(database: Database, queue: Queue) -> int:
-    """The advisory lock of one queue's planning in one schema: 64 bits of a hash of both."""
-    digest = hashlib.sha256(f"synclane plan\0{database.schema}\0{queue.name}".encode()).digest()
-    return int.from_bytes(digest[:8], "big", signed=True)
+        return sum(prune_queue(self.database, q, older_than) for q in queues)

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from functools import partial
 from typing import Any, TypeVar
+from uuid import uuid4
 
 import psycopg
 from psycopg.rows import dict_row
@@ -36,6 +37,51 @@ T = TypeVar("T")
 
 # During a long reconciliation or prune, how often the round stops to plan what became due.
 DUE_CHECK_EVERY = 10.0
+# The shortest planning lease: a round renews it before each batch, which may take a few seconds.
+SHORTEST_LEASE = timedelta(seconds=5)
+
+
+def planning_lease(owners_timeout: timedelta) -> timedelta:
+    """How long a round is elected without a renewal: twice as long as an owner source may take
+    for a batch (between two renewals the round reads one batch and plans it)."""
+    return max(2 * owners_timeout, SHORTEST_LEASE)
+
+
+class LeaseGone(Exception):
+    """The round's planning lease ended and another round took it: this process was stopped
+    (or cut off) for longer than its lease. The round ends where it is."""
+
+
+class PlanningLease:
+    """The lease one planning round holds on its queue's row of the planner table: only one
+    round plans a queue at a time, across every process, and a round whose process stops
+    (SIGSTOP, a frozen machine, a crash) keeps the others out only until its lease ends. A row,
+    not a session's lock: it needs no connection kept open and holds through a pooler."""
+
+    def __init__(
+        self, conn: psycopg.Connection[Any], store: Any, queue: str, duration: timedelta
+    ) -> None:
+        self.conn = conn
+        self.store = store
+        self.duration = duration
+        self.params = {"queue": queue, "token": uuid4(), "lease": duration}
+
+    def take(self) -> bool:
+        """Takes the lease; False when another round holds it."""
+        row = self.conn.execute(self.store.query("take_planning_lease"), self.params).fetchone()
+        return row is not None
+
+    def hold(self) -> None:
+        """Renews the lease before the next batch; LeaseGone when another round started since."""
+        renewed = self.conn.execute(self.store.query("renew_planning_lease"), self.params)
+        if renewed.fetchone() is None:
+            raise LeaseGone(
+                f"queue {self.params['queue']!r}: another process plans it now (this planner "
+                f"was stopped for longer than its planning lease, {self.duration})"
+            )
+
+    def release(self) -> None:
+        self.conn.execute(self.store.query("release_planning_lease"), self.params)
 
 
 class Round:
@@ -47,11 +93,13 @@ class Round:
         queue: Queue,
         conn: psycopg.Connection[Any],
         owners_timeout: float,
+        lease: PlanningLease,
     ) -> None:
         self.database = database
         self.queue = queue
         self.conn = conn
         self.owners_timeout = owners_timeout
+        self.lease = lease
         self.store = database.store
         self.types = list(queue.types.values())
         self.added = 0
@@ -72,9 +120,7 @@ class Round:
         if retention is not None:
             pruned = clock["pruned_at"]
             if pruned is None or now - pruned >= min(PRUNE_EVERY, retention):
-                deleted = prune_queue(
-                    self.database, self.conn, self.queue, retention, self._now_and_then
-                )
+                deleted = prune_queue(self.database, self.queue, retention, self._now_and_then)
                 self._execute("queue_pruned", {"queue": self.queue.name})
                 if deleted:
                     log.info(
@@ -98,6 +144,7 @@ class Round:
 
     def _now_and_then(self) -> None:
         """Between the batches of a long reconciliation or prune: plan what became due."""
+        self.lease.hold()
         if time.monotonic() - self._last_due >= DUE_CHECK_EVERY:
             self.plan_due()
 
@@ -141,6 +188,7 @@ class Round:
         """Plan the owners that never had a plan, then every type whose period started (or
         whose horizon widened) since every owner was last planned for it. With nothing due this
         is three short reads."""
+        self.lease.hold()
         self._last_due = time.monotonic()
         queue = self.queue.name
         while True:
@@ -190,8 +238,11 @@ class Round:
         self._execute("pass_done", done)
 
     def _plan(self, steps: Callable[[], Steps[T]]) -> T:
-        """Run steps on the round's connection, again when PostgreSQL broke a race."""
-        return retrying(lambda: run(self.conn, self.store, steps()))
+        """Run steps on the round's connection, again when PostgreSQL broke a race; the lease
+        is renewed first, and a transaction its client leaves idle ends with the lease."""
+        self.lease.hold()
+        idle = self.lease.duration
+        return retrying(lambda: run(self.conn, self.store, steps(), idle_timeout=idle))
 
 
 def _due(state: dict[str, Any] | None, period: datetime, horizon: timedelta | None) -> bool:

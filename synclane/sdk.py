@@ -94,11 +94,11 @@ class Reads:
         from synclane import frames
 
         if limit is not None and (
-            not isinstance(limit, int) or isinstance(limit, bool) or limit < 1
+            not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= MAX_LIMIT
         ):
             raise ConfigError(
-                f"limit={limit!r:.100} must be a whole number of at least 1, or None for every "
-                "owner and type"
+                f"limit={limit!r:.100} must be a whole number from 1 to {MAX_LIMIT:,}, or None "
+                "for every owner and type"
             )
         params = {
             "queue": self.catalog.get(queue).name,

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any, TypeVar
 
 import psycopg
@@ -73,8 +74,18 @@ Request = Fetch | Execute | Atomic | Blocking
 Steps = Generator[Request, Any, T]
 
 
-def run(conn: psycopg.Connection[Any], store: Store, steps: Steps[T], *, caller: bool = False) -> T:
-    """Answer the steps' requests on a sync connection; returns what the steps return."""
+def run(
+    conn: psycopg.Connection[Any],
+    store: Store,
+    steps: Steps[T],
+    *,
+    caller: bool = False,
+    idle_timeout: timedelta | None = None,
+) -> T:
+    """Answer the steps' requests on a sync connection; returns what the steps return.
+    `idle_timeout`: the server ends a transaction of the steps (and the session) whose client
+    stops answering for that long (idle_in_transaction_session_timeout, set for the transaction
+    alone, so that it also holds through a transaction pooler)."""
     if caller and not conn.autocommit and conn.info.transaction_status == IDLE:
         conn.execute("SELECT 1")
     answer: Any = None
@@ -87,12 +98,18 @@ def run(conn: psycopg.Connection[Any], store: Store, steps: Steps[T], *, caller:
             return result
         answer, error = None, None
         try:
-            answer = _answer(conn, store, request, caller)
+            answer = _answer(conn, store, request, caller, idle_timeout)
         except Exception as raised:
             error = raised
 
 
-def _answer(conn: psycopg.Connection[Any], store: Store, request: Request, caller: bool) -> Any:
+def _answer(
+    conn: psycopg.Connection[Any],
+    store: Store,
+    request: Request,
+    caller: bool,
+    idle_timeout: timedelta | None,
+) -> Any:
     if isinstance(request, Blocking):
         return request.call()
     if isinstance(request, Atomic):
@@ -100,12 +117,23 @@ def _answer(conn: psycopg.Connection[Any], store: Store, request: Request, calle
         with conn.transaction():
             if request.serializable and outermost:
                 conn.execute("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE")
-            return run(conn, store, request.steps(), caller=caller)
+            if idle_timeout is not None and outermost:
+                limit_idle_transaction(conn, idle_timeout)
+            return run(conn, store, request.steps(), caller=caller, idle_timeout=idle_timeout)
     with conn.cursor(row_factory=dict_row) as cur:
         cur.execute(store.query(request.name), request.params)
         if isinstance(request, Execute):
             return cur.rowcount
         return cur.fetchall()
+
+
+def limit_idle_transaction(conn: psycopg.Connection[Any], timeout: timedelta) -> None:
+    """In the transaction open on `conn`: the server ends it (and the session) when its client
+    leaves it idle for `timeout` (a process stopped in the middle of it)."""
+    milliseconds = max(int(timeout.total_seconds() * 1000), 1)
+    conn.execute(
+        "SELECT set_config('idle_in_transaction_session_timeout', %s, true)", [str(milliseconds)]
+    )
 
 
 async def run_async(

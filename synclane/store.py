@@ -19,8 +19,9 @@ from synclane.model import ConfigError, unstorable
 
 # 2 added the index jobs_open_lanes; 3 the lanes table and held leases; 4 the lanes' hints written
 # by every stop and arrival (the functions unpark_lane and lanes_of_new_jobs), and dropped
-# jobs_open_lanes
-SCHEMA_VERSION = 4
+# jobs_open_lanes; 5 replaced those with wakes that triggers write (lane_wakes), and made the
+# queue's slots count every live lease (jobs_leased_queue_slot)
+SCHEMA_VERSION = 5
 # How many jobs at the front of the line the take statement looks at before it searches lane by
 # lane (see docs/performance.md: the front answers in well under a millisecond).
 FRONT_SIZE = 64
@@ -187,6 +188,8 @@ class Store:
         if version == SCHEMA_VERSION:
             return version
         self._refuse_newer(version)
+        if version is not None and version < 5:
+            self._refuse_with_old_workers(conn, version)
         try:
             with conn.transaction():
                 conn.execute(self.query("migration_lock"), {"schema": self.schema})
@@ -221,6 +224,24 @@ class Store:
             raise SchemaError(
                 f"schema {self.schema!r} is at version {version}, this synclane needs "
                 f"{SCHEMA_VERSION}: run app.migrate()"
+            )
+
+    def _refuse_with_old_workers(self, conn: psycopg.Connection[Any], version: int) -> None:
+        """Version 5 moved the lanes' hints out of the workers' statements: a worker of version 3
+        or 4 still running beside it would write hints that version 5 does not read, hiding
+        jobs, and its take statement has the shape that crashes PostgreSQL (docs/reliability.md).
+        They must stop before the schema moves on."""
+        try:
+            with conn.transaction():
+                alive = [row[0] for row in conn.execute(self.query("workers_alive"))]
+        except psycopg.errors.UndefinedTable:
+            return  # older than the workers list: nothing says who runs
+        if alive:
+            raise SchemaError(
+                f"schema {self.schema!r} is at version {version} and these workers still run on "
+                f"it: {', '.join(alive[:10])}{' …' if len(alive) > 10 else ''}; stop them, then "
+                f"start this synclane (schema version {SCHEMA_VERSION}): a worker of version "
+                f'{version} beside it would hide jobs (docs/operations.md, "Upgrading")'
             )
 
     def _refuse_newer(self, version: int | None) -> None:

@@ -35,7 +35,7 @@ from rich.table import Table
 from rich.text import Text
 
 from synclane import event_lines
-from synclane.events import Event
+from synclane.events import WHOLE_LINE, Event
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -74,7 +74,7 @@ class Terminal:
             root.removeHandler(_handler)
         handler: logging.Handler
         if self.err.is_terminal:
-            handler = RichHandler(
+            handler = _WrappingHandler(
                 console=self.err,
                 show_path=False,
                 omit_repeated_times=False,
@@ -106,6 +106,21 @@ class Terminal:
         for name in ("synclane", events_log.name, "synclane.demo"):
             logging.getLogger(name).setLevel(logging.NOTSET)
 
+    @contextmanager
+    def telling_the_change(self) -> Iterator[None]:
+        """While a one-shot command makes a change it then prints (pause, resume), the library's
+        own log line of that change would tell it a second time: a detail, shown with -v."""
+        operations = logging.getLogger("synclane.operations")
+        if self.level <= logging.DEBUG:
+            yield
+            return
+        before = operations.level
+        operations.setLevel(logging.ERROR)
+        try:
+            yield
+        finally:
+            operations.setLevel(before)
+
     def say(self, text: str) -> None:
         """One line of result on stdout, as it is (no markup, no highlighting)."""
         self.out.print(Text(text), soft_wrap=True)
@@ -130,9 +145,10 @@ class Terminal:
         self.out.print(table)
 
     @contextmanager
-    def progress(self, count_open: Callable[[], int], label: str) -> Iterator[JobsBar]:
-        """A bar on stderr while work runs, when stderr is a terminal: done and open jobs,
-        read once a second. Log lines print above it."""
+    def progress(self, count_open: Callable[[], tuple[int, int]], label: str) -> Iterator[JobsBar]:
+        """A bar on stderr while work runs, when stderr is a terminal: done jobs of all, with
+        the open and waiting ones (`count_open` reads both) once a second; the ones that wait
+        for a human are counted and named. Log lines print above it."""
         bar = JobsBar(count_open)
         if not self.err.is_terminal:
             yield bar
@@ -141,19 +157,21 @@ class Terminal:
             TextColumn("{task.description}"),
             BarColumn(),
             MofNCompleteColumn(),
-            TextColumn("jobs done"),
+            TextColumn("jobs done{task.fields[waiting]}"),
             RunningClock(),
             console=self.err,
             refresh_per_second=4,
             transient=False,
         ) as shown:
-            task = shown.add_task(label, total=None)
+            task = shown.add_task(label, total=None, waiting="")
             stop = threading.Event()
 
             def refresh() -> None:
                 while True:
                     done, total = bar.read()
-                    shown.update(task, completed=done, total=total or None)
+                    shown.update(
+                        task, completed=done, total=total or None, waiting=bar.waiting_text
+                    )
                     if stop.wait(1.0):
                         return
 
@@ -165,7 +183,7 @@ class Terminal:
                 stop.set()
                 thread.join(timeout=5)
                 done, total = bar.read()
-                shown.update(task, completed=done, total=max(total, done))
+                shown.update(task, completed=done, total=max(total, done), waiting=bar.waiting_text)
 
 
 class RunningClock(TimeElapsedColumn):
@@ -181,22 +199,29 @@ class RunningClock(TimeElapsedColumn):
 
 
 class JobsBar:
-    """What the bar counts: jobs completed since the start (from events) and jobs still open
-    (from the table)."""
+    """What the bar counts: jobs completed since the start (from events), and from the table
+    the jobs still open and those waiting for a human (abandoned: in the total, never done
+    until someone requeues them)."""
 
-    def __init__(self, count_open: Callable[[], int]) -> None:
+    def __init__(self, count_open: Callable[[], tuple[int, int]]) -> None:
         self.count_open = count_open
         self.completed = 0
         self._open = 0
+        self.waiting = 0
 
     def __call__(self, event: Event) -> None:
         if event.kind == "completed":
             self.completed += 1
 
     def read(self) -> tuple[int, int]:
+        """(done, total), the waiting ones in the total."""
         with contextlib.suppress(Exception):  # a bar must never break the work it shows
-            self._open = self.count_open()
-        return self.completed, self.completed + self._open
+            self._open, self.waiting = self.count_open()
+        return self.completed, self.completed + self._open + self.waiting
+
+    @property
+    def waiting_text(self) -> str:
+        return f", {self.waiting} waiting for a human" if self.waiting else ""
 
 
 class EventPrinter:
@@ -208,6 +233,21 @@ class EventPrinter:
     def __call__(self, event: Event) -> None:
         level, text = event_lines.line(event, self.attempts.get(event.queue))
         events_log.log(level, "%s", text)
+
+
+class _WrappingHandler(RichHandler):
+    """Log lines fitted to the terminal's width, after their time and level; a command for the
+    reader to copy (a record marked `WHOLE_LINE`) printed whole on a line of its own instead:
+    wrapped, a copy of it would lose its end."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if getattr(record, WHOLE_LINE, False):
+            try:
+                self.console.print(Text(self.format(record)), soft_wrap=True)
+            except Exception:
+                self.handleError(record)
+            return
+        super().emit(record)
 
 
 class _DetailsFilter(logging.Filter):

@@ -29,6 +29,7 @@ from synclane.bridge import PageRun
 from synclane.errors import HandlerEscaped, error_text
 from synclane.model import (
     MAX_COUNT,
+    MAX_INTEGER,
     MODES,
     Abandon,
     ConfigError,
@@ -99,7 +100,7 @@ def make_job(**overrides: Any) -> Job:
     if values["mode"] not in MODES:
         raise ConfigError(f"mode={values['mode']!r} must be one of {', '.join(MODES)}")
     _check_count("id", values["id"], least=1)
-    _check_count("attempt_count", values["attempt_count"], least=0)
+    _check_count("attempt_count", values["attempt_count"], least=0, most=MAX_INTEGER)
     _check_count("processed_count", values["processed_count"], least=0)
     cursor = values["cursor"]
     if cursor is not None and (not isinstance(cursor, str) or unstorable(cursor)):
@@ -119,9 +120,10 @@ class UnknownField(ConfigError, TypeError):
     raises for an unexpected keyword argument."""
 
 
-def _check_count(name: str, value: object, least: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or not least <= value <= MAX_COUNT:
-        raise ConfigError(f"{name}={value!r:.100} must be a whole number >= {least}")
+def _check_count(name: str, value: object, least: int, most: int = MAX_COUNT) -> None:
+    """A count the table's column holds (bigint, or integer for attempt_count)."""
+    if not isinstance(value, int) or isinstance(value, bool) or not least <= value <= most:
+        raise ConfigError(f"{name}={value!r:.100} must be a whole number from {least} to {most:,}")
 
 
 # -- running a handler page by page ------------------------------------------------------------

@@ -9,15 +9,20 @@ from __future__ import annotations
 import multiprocessing
 import os
 import random
+import time
 import traceback
+from datetime import timedelta
 from typing import Any
 
 import apps
 
-from synclane import Owner, SyncLane
+from synclane import Owner, Page, SyncLane
 
 # Forty shops in seven lanes, as in tests/apps.py.
 OWNERS = apps.OWNERS
+# The owners_timeout of a frozen planner's app, in seconds: its planning round is elected for
+# at most twice that (at least 5 s) without a renewal.
+FROZEN_OWNERS_TIMEOUT = 1.0
 
 
 def shops_app(dsn: str, schema: str, source: Any) -> SyncLane:
@@ -77,3 +82,52 @@ def start_rounds(count: int, dsn: str, schema: str) -> tuple[list[Any], Any, Any
     for process in processes:
         process.start()
     return processes, barrier, release, results
+
+
+def frozen_round(dsn: str, schema: str, results: Any) -> None:
+    """A worker's planning round whose owner source says it is being read and then takes its
+    time: the test stops this process (SIGSTOP) while its round is elected for the queue."""
+
+    def source(queue: str) -> list[Owner]:
+        results.put(("reading the owner source", os.getpid()))
+        time.sleep(30)
+        return list(OWNERS)
+
+    try:
+        app = SyncLane(dsn, schema=schema, owners_timeout=FROZEN_OWNERS_TIMEOUT)
+        shops = app.queue("shops")
+        shops.owners(source)
+        shops.snapshot("products", every=timedelta(days=1))(lambda job: Page(None))
+        worker = app.worker(["shops"])
+        assert worker.plan is not None
+        added = worker.plan("shops")
+        app.close()
+        results.put(("skipped", os.getpid()) if added is None else ("ran", added))
+    except BaseException as error:
+        results.put(("error", f"{type(error).__name__}: {error}\n{traceback.format_exc()}"))
+
+
+def frozen_in_a_transaction(dsn: str, schema: str, idle: float, results: Any) -> None:
+    """A planning round's transaction (its idle timeout `idle` seconds, as a round sets it) that
+    has inserted the jobs of one owner and not committed: the test stops this process there."""
+    from synclane.batches import read_and_insert
+    from synclane.steps import Atomic, Blocking, run
+
+    try:
+        app = apps.build(dsn, schema, lambda queue: list(OWNERS[:1]))
+        queue = app.queues["shops"]
+        types = list(queue.types.values())
+
+        def inserting() -> Any:
+            added = yield from read_and_insert(queue, OWNERS[:1], types, None)
+            yield Blocking(lambda: results.put(("inserted", added)) or time.sleep(60))
+            return added
+
+        def transaction() -> Any:
+            return (yield Atomic(inserting, serializable=True))
+
+        conn = app.database.connect()
+        run(conn, app.database.store, transaction(), idle_timeout=timedelta(seconds=idle))
+        results.put(("committed", os.getpid()))
+    except BaseException as error:
+        results.put(("error", f"{type(error).__name__}: {error}"))

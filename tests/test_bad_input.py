@@ -55,8 +55,9 @@ def duration_ok(value: object, *, allow_zero: bool = False) -> bool:
     return duration >= timedelta(0) if allow_zero else duration > timedelta(0)
 
 
-def whole_ok(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+def whole_ok(value: object, most: int) -> bool:
+    """A whole number from 1 to `most`: what the setting's column or parameter holds."""
+    return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= most
 
 
 def name_ok(value: object) -> bool:
@@ -95,6 +96,8 @@ durations = st.one_of(
 wholes = st.one_of(
     st.integers(min_value=-(10**6), max_value=10**6),
     st.sampled_from([0, 1, 2, True, False, 1.0, 1.5, "4", None, 2**70]),
+    # the edges of what the columns hold: smallint, integer, bigint, and the slots of a process
+    st.sampled_from([1000, 1001, 2**15 - 1, 2**15, 2**31 - 1, 2**31, 2**63 - 1, 2**63]),
 )
 texts = st.one_of(
     st.text(max_size=20),
@@ -235,15 +238,27 @@ def test_queue_durations_are_accepted_or_refused_by_name(
         assert "shops" not in app.queues, "a refused queue was declared anyway"
 
 
-@pytest.mark.parametrize("setting", ["concurrency", "max_attempts"])
+# The most each count may be: what its column or parameter holds (integer; lane_slot is a
+# smallint), and for concurrency, the slots one process runs of one queue.
+QUEUE_COUNTS = {
+    "concurrency": 1000,
+    "max_attempts": 2**31 - 1,
+    "lane_width": 2**15 - 1,
+    "max_running": 2**31 - 1,
+}
+
+
+@pytest.mark.parametrize("setting", QUEUE_COUNTS)
 @PROPERTY
 @given(value=wholes)
 def test_queue_counts_are_accepted_or_refused_by_name(dsn: str, setting: str, value: Any) -> None:
     app = app_without_database(dsn)
-    if whole_ok(value):
+    no_cap = setting == "max_running" and value is None
+    if whole_ok(value, QUEUE_COUNTS[setting]) or no_cap:
         assert getattr(app.queue("shops", **{setting: value}).settings, setting) == value
     else:
         refused(lambda: app.queue("shops", **{setting: value}), setting)
+        assert "shops" not in app.queues, "a refused queue was declared anyway"
 
 
 @PROPERTY

@@ -10,6 +10,7 @@ own, which fails without a network."""
 from __future__ import annotations
 
 import importlib.util
+import re
 import threading
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
@@ -514,3 +515,145 @@ def test_the_demo_s_page_tells_its_story_as_it_happens(
                     psycopg.sql.Identifier(f"{schema}_demo")
                 )
             )
+
+
+# -- issue 29, item 4: the page says nothing untrue, at 1280 and at 800 px --------------------
+
+# For each table: its numbers' text overlaps its header's text (a right-aligned number under a
+# left-aligned header sits under the next one); each control of a row lies inside its section's
+# visible box; and whether the table is wider than its section.
+LAYOUT = """() => {
+  const text = (node) => { const r = document.createRange(); r.selectNodeContents(node);
+                           return r.getBoundingClientRect(); };
+  const misplaced = [], hidden = [], wide = [];
+  for (const section of document.querySelectorAll("section")) {
+    const table = section.querySelector("table");
+    if (!table || section.hidden) continue;
+    if (table.scrollWidth > section.clientWidth) wide.push(section.id);
+    const headers = [...table.querySelectorAll("thead th")];
+    for (const row of table.querySelectorAll("tbody tr")) {
+      [...row.children].forEach((td, i) => {
+        if (!td.classList.contains("num") || !td.textContent.trim()) return;
+        const [a, b] = [text(td), text(headers[i])];
+        if (a.right < b.left || a.left > b.right)
+          misplaced.push(section.id + ": " + td.textContent + " under " + headers[i].textContent);
+      });
+    }
+    const box = section.getBoundingClientRect();
+    for (const control of table.querySelectorAll("button, input")) {
+      const r = control.getBoundingClientRect();
+      if (r.left < box.left || r.right > box.right)
+        hidden.push(section.id + ": " + control.outerHTML);
+    }
+  }
+  return {misplaced, hidden, wide, page: document.documentElement.scrollWidth > innerWidth};
+}"""
+
+
+@pytest.mark.parametrize("width", [1280, 800])
+def test_every_number_sits_under_its_header_and_every_button_is_in_view(
+    open_tab: Callable[[str], Any], app: SyncLane, db: psycopg.Connection, width: int
+) -> None:
+    """The demo's table (24 jobs, its refreshes' windows, the broken slice abandoned with its
+    long error) on a page 1280 and 800 px wide: no number under another column's header, no
+    Requeue or Pause cut off; at 1280 px every table fits the page."""
+    from dashboard_kit import slices
+    from playwright.sync_api import expect
+
+    ids = arrange_shop(app, db)
+    recurring = psycopg.sql.SQL(
+        "UPDATE {} SET window_start = date_trunc('day', now()) - interval '5 minutes', "
+        "window_end = now() WHERE mode = 'recurring'"
+    )
+    db.execute(recurring.format(psycopg.sql.Identifier(app.schema, "jobs")))
+    long_error = "ShopBrokenPage: " + "the page at cursor 50 is broken on the shop's side " * 4
+    arrange(
+        db, app.schema, slices(db, app.schema, "initech")[0], status="abandoned", error=long_error
+    )
+    server = start(app)
+    try:
+        tab = open_tab(server.url)
+        tab.set_viewport_size({"width": width, "height": 1000})
+        tab.wait_for_selector("#jobs tbody tr button.requeue")
+        expect(tab.locator(f'#jobs tr[data-job-id="{ids["abandoned"]}"] button')).to_be_visible()
+        layout = tab.evaluate(LAYOUT)
+        wide = layout.pop("wide")  # narrower, a table may scroll sideways; its buttons stay
+        assert (layout, wide if width == 1280 else []) == (
+            {"misplaced": [], "hidden": [], "page": False},
+            [],
+        )
+    finally:
+        stop(server)
+
+
+def test_the_events_panel_shows_each_line_whole_also_from_the_tenth_on(
+    open_tab: Callable[[str], Any], app: SyncLane, shop: dict[str, int]
+) -> None:
+    """Twelve events: every line begins with its time at the list's edge; no marker (the tenth
+    line's was `0.`, its first digit clipped) stands before it."""
+    log = EventLog()
+    for n in range(12):
+        log.append(event("failed", f"owner-{n}", error="RuntimeError: 503", attempt=1))
+    server = start(app, events=log)
+    try:
+        tab = open_tab(server.url)
+        lines = tab.locator("#event-lines li")
+        lines.nth(11).wait_for()
+        for n in range(12):
+            lines.nth(n).scroll_into_view_if_needed()
+            first = lines.nth(n).evaluate(
+                """li => { const list = li.parentElement.getBoundingClientRect();
+                           const time = li.querySelector("time").getBoundingClientRect();
+                           const hit = document.elementFromPoint(list.left + 2,
+                                                                 time.top + time.height / 2);
+                           return hit && hit.tagName; }"""
+            )
+            assert first == "TIME", n
+    finally:
+        stop(server)
+
+
+def test_the_summary_counts_a_small_table_and_estimates_a_large_one(
+    page: Any, app: SyncLane, db: psycopg.Connection
+) -> None:
+    """PostgreSQL's estimate is 0 (or unknown) until the table was analyzed: a table of a few
+    jobs says how many it holds; one beyond what is cheap to count says about how many."""
+    from playwright.sync_api import expect
+
+    jobs = psycopg.sql.Identifier(app.schema, "jobs")
+    (count,) = db.execute(psycopg.sql.SQL("SELECT count(*) FROM {}").format(jobs)).fetchone()
+    assert 0 < count < 100
+    expect(page.locator("#table-size")).to_have_text(f"The table holds {count} jobs in all.")
+    db.execute(
+        psycopg.sql.SQL(
+            "INSERT INTO {} (queue, owner, lane, type, mode, status, dedup_key)"
+            " SELECT 'old', 'o' || n, 'o' || n, 't', 'manual', 'completed', 'k'"
+            " FROM generate_series(1, 12000) AS n"
+        ).format(jobs)
+    )
+    db.execute(psycopg.sql.SQL("ANALYZE {}").format(jobs))
+    page.reload()  # the state is read again within its cache's interval (2 s)
+    estimate = re.compile(r"The table holds about ([\d,]+) jobs in all \(PostgreSQL's estimate\)\.")
+    expect(page.locator("#table-size")).to_have_text(estimate, timeout=10_000)
+    found = estimate.fullmatch(str(page.locator("#table-size").text_content()))
+    assert found is not None
+    assert abs(int(found.group(1).replace(",", "")) - (count + 12000)) < 1200
+
+
+def test_a_job_that_will_not_run_again_shows_no_next_run(page: Any, shop: dict[str, int]) -> None:
+    """Completed, abandoned and running jobs have no next run; failed and deferred ones do."""
+
+    def next_run(job_id: int) -> str:
+        row = page.locator(f'#jobs tr[data-job-id="{job_id}"]')
+        return str(row.locator("td.next-run").text_content()).strip()
+
+    page.locator("#job-view").select_option("all")
+    page.wait_for_selector('#jobs tbody tr[data-status="completed"]')
+    completed = page.locator('#jobs tbody tr[data-status="completed"]').first.get_attribute(
+        "data-job-id"
+    )
+    assert next_run(int(str(completed))) == ""
+    for name in ("abandoned", "running"):
+        assert next_run(shop[name]) == "", name
+    assert next_run(shop["failed"]).startswith("in "), "a retry an hour off"
+    assert next_run(shop["deferred"]) in ("due", "in 0s"), "its last attempt, due now"

@@ -107,6 +107,48 @@ def test_without_the_lane_index_a_lane_two_wide_runs_more(
     assert race_a_rival(app, dsn, db, schema, None, lanes=1, rivals=2) == 3
 
 
+def test_a_throttle_stops_the_running_sibling_of_a_wide_lane_at_its_next_page(
+    dsn: str, schema: str, db: psycopg.Connection[Any]
+) -> None:
+    """A lane two wide, its two jobs running in two processes, 12 pages each; job x is told to
+    slow down (`Throttled(retry_after=6)`) at its fourth page. The account was told, not the job:
+    job y, running beside it, ends the page it has in flight and starts no other until the pause
+    ends, its cursor kept and its attempt not used."""
+    settings = prepare(
+        dsn, schema, db, lane_width=2, pages=12, page_sleep=0.25,
+        throttle={"owner": "x", "cursor": 3, "retry_after": 6},
+    )  # fmt: skip
+    app = build(settings)
+    x = app.enqueue("q", "x", "sync", lane="L")
+    y = app.enqueue("q", "y", "sync", lane="L")
+    app.close()
+    with worker_processes(settings, 2):
+        done = "SELECT count(*) FROM {jobs} WHERE status = 'completed'"
+        wait_for(lambda: count(db, done, schema) == 2, 60, "both jobs completed", interval=0.2)
+    (paused_until,) = db.execute(
+        sql.SQL("SELECT paused_until FROM {} WHERE queue = 'q' AND lane = 'L'").format(
+            sql.Identifier(schema, "lanes")
+        )
+    ).fetchone() or (None,)
+    assert paused_until is not None, "the throttle paused no lane"
+    # The pause began when the throttle committed, 6 s before it ends; a page of y that began
+    # before that instant may end, none may begin during the pause.
+    began = paused_until - timedelta(seconds=6) + timedelta(milliseconds=100)
+    during = db.execute(
+        sql.SQL(
+            "SELECT cursor_in, started FROM {} WHERE job_id = %s AND started > %s "
+            "AND started < %s ORDER BY started"
+        ).format(sql.Identifier(schema, "runs")),
+        [y, began, paused_until],
+    ).fetchall()
+    assert during == [], f"y started {len(during)} pages during its lane's pause"
+    for job_id in (x, y):
+        row = job_row(db, schema, job_id)
+        assert (row["attempt_count"], row["processed_count"]) == (1, 12)
+    # y went back in line at a page boundary: each of its pages ran once.
+    assert count(db, "SELECT count(*) FROM {runs} WHERE job_id = %s", schema, y) == 12
+
+
 # -- a cap for the whole queue -------------------------------------------------------------
 
 
@@ -125,7 +167,7 @@ def test_without_the_queue_slot_index_the_cap_is_passed(
     running. A rival has taken the queue's 3 slots and not committed: with the index the take
     waits and loses; without it, a fourth job runs."""
     app.queue("q", max_running=3).snapshot("sync", every=timedelta(days=1))(lambda job: None)
-    assert race_a_rival(app, dsn, db, schema, "jobs_running_queue_slot", lanes=8, rivals=3) == 3
+    assert race_a_rival(app, dsn, db, schema, "jobs_leased_queue_slot", lanes=8, rivals=3) == 3
     assert race_a_rival(app, dsn, db, schema, None, lanes=8, rivals=3) == 4
 
 
@@ -200,6 +242,35 @@ def test_page_starts_asked_together_are_counted_in_one_statement_lane_by_lane(
     again = [row[0] for row in db.execute(app.store.query("lane_page_starts"), params)]
     assert again[0] == 0 and again[1] == 0 and again[3] == 0 and 0 < again[2] <= 1
     assert db.execute(counted).fetchall() == [("acme", 1), ("globex", 2), ("zeta", 1)]
+
+
+def test_a_page_start_under_a_lane_rate_waits_for_the_lanes_pause(
+    app: SyncLane, db: psycopg.Connection[Any], schema: str
+) -> None:
+    """A lane paused by a throttle has no room for a page start until the pause ends, however
+    much of its rate is left; calls a page already made (force) are still recorded."""
+    lanes = sql.Identifier(schema, "lanes")
+    db.execute(
+        sql.SQL("INSERT INTO {} (queue, lane, paused_until) "
+                "VALUES ('q', 'acme', now() + interval '1 hour')").format(lanes)
+    )  # fmt: skip
+
+    def start(force: bool) -> float:
+        params = {
+            "queues": ["q"], "lanes": ["acme"], "counts": [100], "periods": [timedelta(hours=2)],
+            "units": [1], "forces": [force], "keys": [uuid4()],
+        }  # fmt: skip
+        (wait,) = db.execute(app.store.query("lane_page_starts"), params).fetchone() or (None,)
+        assert wait is not None
+        return float(wait)
+
+    def recorded() -> int:
+        statement = sql.SQL("SELECT cardinality(starts) FROM {} WHERE lane = 'acme'")
+        return count(db, statement.format(lanes).as_string(db), schema)
+
+    assert 3590 < start(force=False) <= 3600, "a start during the pause must wait for its end"
+    assert recorded() == 0
+    assert start(force=True) == 0 and recorded() == 1
 
 
 def test_a_lane_rate_is_changed_without_a_deploy(

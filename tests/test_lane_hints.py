@@ -1,30 +1,46 @@
-"""The lanes' hints (lanes.due_at): where a take looks when the front of the line waits behind
-busy lanes (issue 14). A look parks the busy lanes it reads; every way a job stops running
-brings its lane's hint back, so no open job is ever left where no look finds it."""
+"""The lanes' hints and wakes (docs/workers.md, "Where a look reads"): where a take looks when the
+front of the line waits behind busy lanes. The hints are a cache that no writer has to keep:
+whatever changes a job (a worker, the SQL of docs/operations.md, a user's own INSERT, UPDATE or
+DELETE, an owner moved to another lane), a due job of a lane with room is taken within
+poll_interval plus a second, at once where a wake or a notification says so.
+
+Each test blocks the front of the line first: a lane "jam" holds the first 70 jobs in taking
+order and runs a job under a lease of a worker that is not there, so the worker's take_front finds
+nothing and every job below is found, or not, by a look lane by lane."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
+import time
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
-from uuid import uuid4
+from uuid import UUID, uuid4
 
 import psycopg
 import pytest
 from psycopg import sql
-from workers import job_row, running_worker, wait_for
+from workers import job_row, operations_sql, running_worker, wait_for
 
-from synclane import Abandon, Job, Owner, Page, SyncLane, Throttled
-from synclane.worker.taker import Finished, take_by_lane, take_front
+from synclane import Job, Owner, Page, SyncLane
+from synclane.worker.taker import take_by_lane
 
 DAY = timedelta(days=1)
+POLL = 1.0
+# the promise: within poll_interval plus a second; one more second for a machine under load
+BOUND = POLL + 1 + 1
 
 
-def hint(db: psycopg.Connection[Any], schema: str, lane: str) -> Any:
+def table(schema: str, name: str = "jobs") -> sql.Identifier:
+    return sql.Identifier(schema, name)
+
+
+def hint(db: psycopg.Connection[Any], schema: str, lane: str) -> str | None:
+    """The lane's hint as PostgreSQL prints it ('infinity' for a parked lane)."""
     row = db.execute(
-        sql.SQL("SELECT due_at FROM {} WHERE queue = 'q' AND lane = %s").format(
-            sql.Identifier(schema, "lanes")
+        sql.SQL("SELECT due_at::text FROM {} WHERE queue = 'q' AND lane = %s").format(
+            table(schema, "lanes")
         ),
         [lane],
     ).fetchone()
@@ -32,7 +48,7 @@ def hint(db: psycopg.Connection[Any], schema: str, lane: str) -> Any:
 
 
 def look(app: SyncLane, dsn: str, lane_width: int = 1) -> Any:
-    """One look lane by lane, as a second worker would make it."""
+    """One look lane by lane, as a worker's slot makes it."""
 
     async def once() -> Any:
         async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
@@ -43,102 +59,301 @@ def look(app: SyncLane, dsn: str, lane_width: int = 1) -> Any:
     return asyncio.run(once())
 
 
-@pytest.mark.parametrize("outcome", ["complete", "fail", "throttle", "abandon", "stop"])
-def test_a_job_that_stops_running_brings_back_the_hint_of_its_parked_lane(
-    app: SyncLane, dsn: str, db: psycopg.Connection[Any], schema: str, outcome: str
-) -> None:
-    queue = app.queue("q", retry_base_delay=60, retry_max_delay=60)
-    go = threading.Event()
+def run_as(db: psycopg.Connection[Any], schema: str, job_id: int) -> UUID:
+    """Marks a job running under the lease of a worker that is not there; returns its token."""
+    token = uuid4()
+    db.execute(
+        sql.SQL(
+            "UPDATE {} SET status = 'running', leased_by = 'elsewhere', lease_token = %s,"
+            " lease_expires_at = now() + interval '1 hour', lane_slot = 0, started_at = now(),"
+            " attempt_count = attempt_count + 1 WHERE id = %s"
+        ).format(table(schema)),
+        [token, job_id],
+    )
+    return token
+
+
+def block_the_front(db: psycopg.Connection[Any], schema: str) -> None:
+    """70 jobs of lane jam, newest windows first in taking order, one of them running."""
+    rows = db.execute(
+        sql.SQL(
+            "INSERT INTO {} (queue, owner, lane, type, mode, dedup_key, window_start, window_end)"
+            " SELECT 'q', 'jam', 'jam', 'sync', 'manual', 'jam:' || n,"
+            "  now() - (n + 1) * interval '1 hour', now() - n * interval '1 hour'"
+            " FROM generate_series(1, 70) n ORDER BY n RETURNING id"
+        ).format(table(schema))
+    ).fetchall()
+    run_as(db, schema, rows[0][0])
+
+
+def status(db: psycopg.Connection[Any], schema: str, job_id: int) -> str:
+    return str(job_row(db, schema, job_id)["status"])
+
+
+def taken_within(db: psycopg.Connection[Any], schema: str, job_id: int, what: str) -> None:
+    started = time.monotonic()
+    wait_for(lambda: status(db, schema, job_id) in ("running", "completed"), BOUND, f"{what} taken")
+    assert time.monotonic() - started <= BOUND
+
+
+@pytest.fixture
+def quick(dsn: str, schema: str) -> Iterator[SyncLane]:
+    """An app whose idle slots look again every second; queue q runs plain one-page jobs, and
+    a job of owner `slow` waits for `slow_go` (set at the end of each test)."""
+    app = SyncLane(dsn, schema=schema, poll_interval=POLL)
+    queue = app.queue("q", concurrency=2, retry_base_delay=60, retry_max_delay=60)
+    slow_go = threading.Event()
+    app.slow_go = slow_go  # type: ignore[attr-defined]
 
     @queue.snapshot("sync", every=DAY)
     def sync(job: Job) -> Page:
-        if job.owner != "first":
-            return Page(None, 1)
-        go.wait(20)
-        if outcome == "fail":
-            raise RuntimeError("the shop answered 500")
-        if outcome == "throttle":
-            raise Throttled(retry_after=60)
-        if outcome == "abandon":
-            raise Abandon("access revoked")
+        if job.owner.startswith("slow"):
+            slow_go.wait(30)
         return Page(None, 1)
 
-    first = app.enqueue("q", "first", "sync", lane="acme")
-    later = app.enqueue("q", "later", "sync", lane="acme")  # open, due in an hour
-    db.execute(
-        sql.SQL("UPDATE {} SET next_run_at = now() + interval '1 hour' WHERE id = %s").format(
-            sql.Identifier(schema, "jobs")
-        ),
-        [later],
-    )
-    with running_worker(app) as worker:
-        wait_for(lambda: job_row(db, schema, first)["status"] == "running", 10, "the page")
-        assert look(app, dsn) == (None, False)  # acme is busy: the look parks it
-        assert hint(db, schema, "acme") is None
-        if outcome == "stop":
-            worker.stop()
-            wait_for(lambda: job_row(db, schema, first)["status"] == "pending", 10, "hand-back")
-        go.set()
-        wait_for(lambda: job_row(db, schema, first)["status"] != "running", 10, "the end")
-    due = hint(db, schema, "acme")
-    assert due is not None, "the lane's open jobs must be found again"
-    stopped = job_row(db, schema, first)
-    open_due = [job_row(db, schema, later)["next_run_at"]]
-    if stopped["status"] in ("pending", "failed"):
-        open_due.append(stopped["next_run_at"])
-    assert due == min(open_due)
+    try:
+        yield app
+    finally:
+        slow_go.set()
+        app.close()
 
 
-def test_a_look_moves_the_hint_of_a_lane_whose_jobs_are_not_due_yet(
-    app: SyncLane, dsn: str, db: psycopg.Connection[Any], schema: str
+# -- a parked lane is found again, however its job stops -------------------------------------
+
+
+STOPS = ["complete", "fail", "abandon", "cancel", "sql_cancel", "sql_delete", "sql_moved"]
+
+
+@pytest.mark.parametrize("stop", STOPS)
+def test_a_lane_parked_as_busy_is_found_again_however_its_job_stops(
+    quick: SyncLane, dsn: str, db: psycopg.Connection[Any], schema: str, stop: str
 ) -> None:
-    queue = app.queue("q")
-    queue.snapshot("sync", every=DAY)(lambda job: Page(None))
-    job_id = app.enqueue("q", "acme", "sync", lane="acme")
+    """A look parks acme while its first job runs; the first job then stops, through synclane's
+    own statements or a user's SQL, and acme's next job is taken within the bound."""
+    block_the_front(db, schema)
+    first = quick.enqueue("q", "first", "sync", lane="acme")
+    later = quick.enqueue("q", "later", "sync", lane="acme")
+    token = run_as(db, schema, first)
+    assert look(quick, dsn)[0] is None
+    assert look(quick, dsn)[0] is None
+    assert hint(db, schema, "acme") == "infinity", "the look parks the busy lane"
+    guard = {"id": first, "token": token, "lease": timedelta(minutes=5)}
+    jobs = table(schema)
+    with running_worker(quick):
+        time.sleep(POLL)  # the worker's slots are idle: the front waits behind jam, acme parked
+        assert status(db, schema, later) == "pending"
+        if stop == "complete":
+            db.execute(quick.store.query("complete_job"), {**guard, "count": 1})
+        elif stop == "fail":
+            db.execute(
+                quick.store.query("fail_job"),
+                {**guard, "error": "E", "delay": timedelta(minutes=1), "max_attempts": 5},
+            )
+        elif stop == "abandon":
+            db.execute(quick.store.query("abandon_job"), {**guard, "error": "Abandon: x"})
+        elif stop == "cancel":
+            quick.cancel("q", "first", "disconnected")
+            db.execute(quick.store.query("release_cancelled"), guard)
+        elif stop == "sql_cancel":
+            db.execute(
+                sql.SQL(
+                    "UPDATE {} SET status = 'cancelled', lease_token = NULL, leased_by = NULL,"
+                    " lease_expires_at = NULL WHERE id = %s"
+                ).format(jobs),
+                [first],
+            )
+        elif stop == "sql_delete":
+            db.execute(sql.SQL("DELETE FROM {} WHERE id = %s").format(jobs), [first])
+        else:  # the running job moved to another lane by hand
+            db.execute(
+                sql.SQL("UPDATE {} SET lane = 'elsewhere' WHERE id = %s").format(jobs), [first]
+            )
+        taken_within(db, schema, later, f"acme's next job after a {stop}")
+
+
+# -- the fixes docs/operations.md prints --------------------------------------------------------
+
+
+def test_a_job_fixed_with_the_documented_requeue_is_taken_at_once(
+    quick: SyncLane, dsn: str, db: psycopg.Connection[Any], schema: str
+) -> None:
+    """Issue 25, case 1: fix_requeue changes the job and nothing else; with the front of the
+    line busy its lane's hint said "nothing open", and the job stayed pending beside idle slots."""
+    block_the_front(db, schema)
+    job_id = quick.enqueue("q", "acme", "sync", lane="acme")
     db.execute(
-        sql.SQL("UPDATE {} SET next_run_at = now() + interval '1 hour' WHERE id = %s").format(
-            sql.Identifier(schema, "jobs")
+        sql.SQL(
+            "UPDATE {} SET status = 'abandoned', error = 'RuntimeError: broken',"
+            " completed_at = now() WHERE id = %s"
+        ).format(table(schema)),
+        [job_id],
+    )
+    with running_worker(quick):
+        time.sleep(2 * POLL)  # looks read acme: nothing open there
+        db.execute(operations_sql("fix_requeue", schema, **{"id = 42": f"id = {job_id}"}))
+        taken_within(db, schema, job_id, "the requeued job")
+
+
+def test_a_lane_unthrottled_with_the_documented_sql_is_taken_at_once(
+    quick: SyncLane, dsn: str, db: psycopg.Connection[Any], schema: str
+) -> None:
+    """Issue 25, case 1: after fix_unthrottle the hint still pointed at the old pause's end."""
+    block_the_front(db, schema)
+    job_id = quick.enqueue("q", "acme-us", "sync", lane="acme")
+    db.execute(
+        sql.SQL(
+            "INSERT INTO {} (queue, lane, paused_until) VALUES ('q', 'acme', now() + interval"
+            " '120 seconds') ON CONFLICT (queue, lane) DO UPDATE SET paused_until ="
+            " excluded.paused_until"
+        ).format(table(schema, "lanes"))
+    )
+    db.execute(
+        sql.SQL("UPDATE {} SET next_run_at = now() + interval '120 seconds' WHERE id = %s").format(
+            table(schema)
         ),
         [job_id],
     )
-    assert look(app, dsn) == (None, False)
-    due = hint(db, schema, "acme")
-    assert due is not None and due == job_row(db, schema, job_id)["next_run_at"]
+    with running_worker(quick):
+        time.sleep(2 * POLL)
+        assert status(db, schema, job_id) == "pending"
+        db.execute(operations_sql("fix_unthrottle", schema, **{"'shops'": "'q'"}))
+        taken_within(db, schema, job_id, "the unthrottled lane's job")
 
 
-def test_jobs_that_move_to_a_new_lane_are_found_there_by_a_look(
-    app: SyncLane, dsn: str, db: psycopg.Connection[Any], schema: str
+# -- plain SQL, as a user writes it -------------------------------------------------------------
+
+WRITES = {
+    "insert": "INSERT INTO {jobs} (queue, owner, lane, type, mode, dedup_key)"
+    " VALUES ('q', 'mine', 'new-lane', 'sync', 'manual', 'by-hand') RETURNING id",
+    "completed_back_to_pending": "UPDATE {jobs} SET status = 'pending', completed_at = NULL"
+    " WHERE id = %(job)s RETURNING id",
+    "moved_to_a_new_lane": "UPDATE {jobs} SET lane = 'new-lane' WHERE id = %(job)s RETURNING id",
+    "due_sooner": "UPDATE {jobs} SET next_run_at = now() WHERE id = %(job)s RETURNING id",
+}
+
+
+@pytest.mark.parametrize("write", WRITES)
+def test_a_job_written_with_plain_sql_is_taken_within_the_bound(
+    quick: SyncLane, dsn: str, db: psycopg.Connection[Any], schema: str, write: str
 ) -> None:
-    """An owner whose lane changes takes its open jobs along (an UPDATE, which the insert
-    trigger does not see): the lane they join must say they are due, or a look lane by lane
-    would never find them."""
-    lanes = {"acme": "acme"}
-    queue = app.queue("q")
+    block_the_front(db, schema)
+    job_id = quick.enqueue("q", "acme", "sync", lane="acme")
+    arranged = {
+        "completed_back_to_pending": "UPDATE {jobs} SET status = 'completed', completed_at ="
+        " now() WHERE id = %(job)s",
+        "moved_to_a_new_lane": "UPDATE {jobs} SET next_run_at = now() + interval '1 hour'"
+        " WHERE id = %(job)s",
+        "due_sooner": "UPDATE {jobs} SET next_run_at = now() + interval '1 hour'"
+        " WHERE id = %(job)s",
+    }
+    if write in arranged:
+        db.execute(sql.SQL(arranged[write]).format(jobs=table(schema)), {"job": job_id})
+    with running_worker(quick):
+        time.sleep(2 * POLL)  # looks read acme: nothing due there
+        if write == "moved_to_a_new_lane":
+            db.execute(
+                sql.SQL("UPDATE {} SET next_run_at = now() WHERE id = %s").format(table(schema)),
+                [job_id],
+            )
+        (written,) = db.execute(
+            sql.SQL(WRITES[write]).format(jobs=table(schema)), {"job": job_id}
+        ).fetchone()  # type: ignore[misc]
+        taken_within(db, schema, written, f"a job after {write}")
+
+
+# -- an owner moved while its job runs -----------------------------------------------------------
+
+
+def test_an_owner_moved_while_its_job_runs_leaves_its_old_lane_found(
+    quick: SyncLane, dsn: str, db: psycopg.Connection[Any], schema: str
+) -> None:
+    """Issue 25, case 2: owners slow-a and b share lane L. While slow-a's job runs in L, the
+    owner source moves slow-a to lane M and a plan runs: the move took the running job to M, so
+    L has room, and b's job there must be taken."""
+    lanes = {"slow-a": "L", "b": "L"}
+    queue = quick.get_queue("q")
     queue.owners(lambda name: [Owner(owner, lane=lane) for owner, lane in lanes.items()])
-    queue.snapshot("sync", every=DAY)(lambda job: Page(None, 1))
-    app.plan("q")
-    assert hint(db, schema, "acme") is not None
-    lanes["acme"] = "shared"
-    app.plan("q")
-    assert hint(db, schema, "shared") is not None, "the lane the job joined has no hint"
-    job, _ = look(app, dsn)
-    assert job is not None and (job.lane, job.owner) == ("shared", "acme")
+    block_the_front(db, schema)
+    quick.plan("q")
+    jobs = {
+        row[1]: row[0]
+        for row in db.execute(
+            sql.SQL("SELECT id, owner FROM {} WHERE owner IN ('slow-a', 'b')").format(table(schema))
+        )
+    }
+    db.execute(
+        sql.SQL("UPDATE {} SET next_run_at = now() + interval '1 hour' WHERE id = %s").format(
+            table(schema)
+        ),
+        [jobs["b"]],
+    )
+    with running_worker(quick):
+        wait_for(lambda: status(db, schema, jobs["slow-a"]) == "running", BOUND, "slow-a runs")
+        db.execute(
+            sql.SQL("UPDATE {} SET next_run_at = now() WHERE id = %s").format(table(schema)),
+            [jobs["b"]],
+        )
+        time.sleep(2 * POLL)  # looks read L: busy, parked
+        assert status(db, schema, jobs["b"]) == "pending"
+        lanes["slow-a"] = "M"
+        quick.plan("q")
+        assert job_row(db, schema, jobs["slow-a"])["lane"] == "M"
+        taken_within(db, schema, jobs["b"], "b's job in the lane slow-a left")
 
 
-def test_a_held_lease_whose_worker_died_lets_go_of_its_lane_and_brings_its_hint_back(
-    app: SyncLane, dsn: str, db: psycopg.Connection[Any], schema: str
+# -- a look that read before a change ----------------------------------------------------------
+
+
+def test_a_job_that_arrives_after_a_look_read_its_lane_is_not_hidden_by_that_look(
+    quick: SyncLane, dsn: str, db: psycopg.Connection[Any], schema: str
+) -> None:
+    """A look decides from one snapshot and writes after it. A job that arrives in between is
+    not in what it read: the look writes acme's hint as "nothing open", and the job's wake, which
+    the look could not see, stays for the next look. (The look runs here in a transaction whose
+    snapshot is older than the job, which is what a look that read before it sees.)"""
+    block_the_front(db, schema)
+    done = quick.enqueue("q", "acme", "sync", lane="acme")
+    db.execute(
+        sql.SQL("UPDATE {} SET status = 'completed', completed_at = now() WHERE id = %s").format(
+            table(schema)
+        ),
+        [done],
+    )
+    old = psycopg.connect(dsn)
+    try:
+        old.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        old.execute("SELECT 1")  # the snapshot
+        arrived = quick.enqueue("q", "acme-eu", "sync", lane="acme")
+        params = {
+            "queue": "q",
+            "worker": "old-look",
+            "lease": timedelta(minutes=5),
+            "token": uuid4(),
+            "lane_width": 1,
+            "max_running": None,
+            "visit": 256,
+        }
+        row = old.execute(quick.store.query("take_by_lane"), params).fetchone()
+        assert row is not None and row[2] is None, "the old snapshot has nothing to take"
+        old.commit()
+    finally:
+        old.close()
+    job, _ = look(quick, dsn)
+    assert job is not None and job.id == arrived
+
+
+# -- held leases ---------------------------------------------------------------------------------
+
+
+def test_a_held_lease_whose_worker_died_lets_go_of_its_lane_and_the_lane_is_found_again(
+    quick: SyncLane, dsn: str, db: psycopg.Connection[Any], schema: str
 ) -> None:
     """A cancelled job requeued while its page was in flight keeps its lane held by the old
     lease, and a look parks that lane. When the worker holding it dies, the lease expires and
-    no stop of a running job comes to un-park the lane: the lease reclaim lets go of it."""
-    queue = app.queue("q")
-
-    @queue.snapshot("sync", every=DAY)
-    def sync(job: Job) -> Page:
-        return Page(None, 1)
-
-    jobs = sql.Identifier(schema, "jobs")
-    requeued = app.enqueue("q", "first", "sync", lane="acme")
+    the reclaim lets go of it: the lane's job is taken."""
+    block_the_front(db, schema)
+    jobs = table(schema)
+    requeued = quick.enqueue("q", "first", "sync", lane="acme")
     db.execute(
         sql.SQL(
             "UPDATE {} SET lease_token = %s, leased_by = 'dead', "
@@ -146,246 +361,167 @@ def test_a_held_lease_whose_worker_died_lets_go_of_its_lane_and_brings_its_hint_
         ).format(jobs),
         [uuid4(), requeued],
     )
-    assert look(app, dsn) == (None, False)  # the live lease holds acme: the look parks it
-    assert hint(db, schema, "acme") is None
-    db.execute(
-        sql.SQL(
-            "UPDATE {} SET lease_expires_at = now() - interval '1 second' WHERE id = %s"
-        ).format(jobs),
-        [requeued],
-    )
-    assert look(app, dsn) == (None, False), "parked: no look reads the lane any more"
-
-    released = db.execute(app.store.query("release_expired_holds"), {"queue": "q"}).fetchall()
-
-    assert released == [(requeued,)]
-    assert job_row(db, schema, requeued)["lease_token"] is None
-    assert hint(db, schema, "acme") is not None
-    job, _ = look(app, dsn)
-    assert job is not None and job.id == requeued, "a look finds the lane again and takes it"
+    assert look(quick, dsn)[0] is None
+    assert hint(db, schema, "acme") == "infinity"
+    with running_worker(quick):
+        time.sleep(POLL)
+        assert status(db, schema, requeued) == "pending"
+        db.execute(
+            sql.SQL(
+                "UPDATE {} SET lease_expires_at = now() - interval '1 second' WHERE id = %s"
+            ).format(jobs),
+            [requeued],
+        )
+        taken_within(db, schema, requeued, "the job whose held lease expired")
+    assert job_row(db, schema, requeued)["leased_by"] != "dead"
 
 
-def test_a_worker_lets_go_of_expired_held_leases_as_it_reclaims(
-    app: SyncLane, db: psycopg.Connection[Any], schema: str
+# -- a caller's open transaction -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("call", ["enqueue", "plan"])
+def test_a_callers_open_transaction_never_makes_a_worker_wait(
+    dsn: str, db: psycopg.Connection[Any], schema: str, call: str
 ) -> None:
-    queue = app.queue("q")
+    """Issue 25, case 3: a web request enqueues (or plans) on its own connection and commits 6 s
+    later. The workers, with a 2 s lease, keep taking and completing jobs of that lane and of
+    others meanwhile; no lease is handed out expired, no job is reclaimed from a live worker,
+    and no page runs twice."""
+    app = SyncLane(dsn, schema=schema, poll_interval=POLL)
+    queue = app.queue("q", concurrency=4, lease_duration=2)
+    pages: dict[int, int] = {}
+    lock = threading.Lock()
+
+    @queue.owners
+    def owners(name: str) -> list[Owner]:
+        return [Owner("web", lane="L")]
 
     @queue.snapshot("sync", every=DAY)
     def sync(job: Job) -> Page:
+        with lock:
+            pages[job.id] = pages.get(job.id, 0) + 1
+        time.sleep(0.05)
         return Page(None, 1)
 
-    jobs, lanes = sql.Identifier(schema, "jobs"), sql.Identifier(schema, "lanes")
-    later = app.enqueue("q", "first", "sync", lane="acme")
-    db.execute(
-        sql.SQL(
-            "UPDATE {} SET lease_token = %s, leased_by = 'dead', next_run_at = now() + "
-            "interval '1 hour', lease_expires_at = now() - interval '1 second' WHERE id = %s"
-        ).format(jobs),
-        [uuid4(), later],
-    )
-    db.execute(sql.SQL("UPDATE {} SET due_at = NULL").format(lanes))  # parked by a look
-
-    app.run_worker(until_idle=True, idle_grace=0, stop_after=20)
-
-    row = job_row(db, schema, later)
-    assert row["lease_token"] is None and row["status"] == "pending"
-    assert hint(db, schema, "acme") == row["next_run_at"]
-
-
-# -- a look racing the statements that change a lane ----------------------------------------------
-#
-# A look reads its lanes in one snapshot and then parks or moves them. A job of a lane that stops
-# running, or arrives, between that snapshot and the look's write must not be hidden by it. To
-# hold the look between the two, a third transaction locks the row of lane "a-busy", which the
-# look parks before it reaches "b-lane" (lanes are written in their order).
-
-
-def _run_as(db: psycopg.Connection[Any], schema: str, job_id: int, lane_slot: int = 0) -> Any:
-    """Marks a job running under a lease of a worker that is not there; returns its token."""
-    token = uuid4()
-    db.execute(
-        sql.SQL(
-            "UPDATE {} SET status = 'running', leased_by = 'elsewhere', lease_token = %s,"
-            " lease_expires_at = now() + interval '5 minutes', lane_slot = %s,"
-            " started_at = now(), attempt_count = attempt_count + 1 WHERE id = %s"
-        ).format(sql.Identifier(schema, "jobs")),
-        [token, lane_slot, job_id],
-    )
-    return token
-
-
-def _not_due_for_an_hour(db: psycopg.Connection[Any], schema: str, job_id: int) -> None:
-    db.execute(
-        sql.SQL("UPDATE {} SET next_run_at = now() + interval '1 hour' WHERE id = %s").format(
-            sql.Identifier(schema, "jobs")
-        ),
-        [job_id],
-    )
-
-
-def _look_held_at_a_busy(app: SyncLane, dsn: str, db: psycopg.Connection[Any], schema: str) -> Any:
-    """Starts a look that waits on lane a-busy's row, held by a transaction of its own; returns
-    (let_go, the thread, its result list). let_go() ends the holding transaction."""
-    holder = psycopg.connect(dsn)
-    holder.execute(
-        sql.SQL("SELECT FROM {} WHERE queue = 'q' AND lane = 'a-busy' FOR UPDATE").format(
-            sql.Identifier(schema, "lanes")
-        )
-    )
-    result: list[Any] = []
-    thread = threading.Thread(target=lambda: result.append(look(app, dsn)))
-    thread.start()
-    wait_for(
-        lambda: (
-            db.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-                " AND query LIKE '%%synclane: take_by_lane%%'"
-            ).fetchone()[0]  # type: ignore[index]
-            == 1
-        ),
-        10,
-        "the look to wait on lane a-busy",
-    )
-
-    def let_go() -> None:
-        holder.rollback()
-        holder.close()
-        thread.join(20)
-
-    return let_go, result
-
-
-def _complete_in_a_take(app: SyncLane, dsn: str, job_id: int, token: Any) -> None:
-    """Completes the job in the statement that takes the next one, as a worker's slot does;
-    under a queue cap of one, which the job of lane a-busy fills, it takes nothing."""
-
-    async def once() -> None:
-        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-            batch = await take_front(
-                conn,
-                app.store,
-                "q",
-                "worker",
-                timedelta(minutes=5),
-                [Finished(job_id, token, 1)],
-                plain=0,
-                max_running=1,
-            )
-        assert batch.completed == {job_id} and batch.jobs == []
-
-    asyncio.run(once())
-
-
-@pytest.mark.parametrize("stop", ["complete", "fail", "take_front"])
-def test_a_job_that_stops_while_a_look_reads_its_lane_as_busy_leaves_the_lane_found(
-    app: SyncLane, dsn: str, db: psycopg.Connection[Any], schema: str, stop: str
-) -> None:
-    """The look read b-lane busy; its running job stopped before the look parked it: parking
-    it then would hide its next job from every look (no stop is left to bring the hint back)."""
-    app.queue("q").snapshot("sync", every=DAY)(lambda job: Page(None))
-    _run_as(db, schema, app.enqueue("q", "k", "sync", lane="a-busy"))
-    running = app.enqueue("q", "r", "sync", lane="b-lane")
-    token = _run_as(db, schema, running)
-    following = app.enqueue("q", "p", "sync", lane="b-lane")
-    let_go, result = _look_held_at_a_busy(app, dsn, db, schema)
     try:
-        if stop == "take_front":
-            _complete_in_a_take(app, dsn, running, token)
-        else:
-            if stop == "complete":
-                params: dict[str, Any] = {"count": 1}
+        for n in range(40):
+            app.enqueue("q", f"o{n}", "sync", lane="L" if n % 4 == 0 else f"l{n % 10}")
+        with psycopg.connect(dsn) as caller:
+            if call == "enqueue":
+                app.enqueue("q", "web", "sync", lane="L", conn=caller)
             else:
-                params = {"max_attempts": 5, "error": "RuntimeError: 500", "delay": timedelta(0)}
-            params.update(id=running, token=token, lease=timedelta(minutes=5))
-            db.execute(app.store.query(f"{stop}_job"), params)
+                app.plan("q", owner="web", conn=caller)
+            worker = running_worker(app)
+            worker.__enter__()
+            started = time.monotonic()
+            time.sleep(6)
+            done_meanwhile = db.execute(
+                sql.SQL("SELECT count(*) FROM {} WHERE status = 'completed'").format(table(schema))
+            ).fetchone()[0]  # type: ignore[index]
+            caller.commit()
+            assert time.monotonic() - started < 7
+            wait_for(
+                lambda: (
+                    db.execute(
+                        sql.SQL("SELECT count(*) FROM {} WHERE status <> 'completed'").format(
+                            table(schema)
+                        )
+                    ).fetchone()[0]  # type: ignore[index]
+                    == 0
+                ),
+                20,
+                "every job completed",
+            )
+            worker.__exit__(None, None, None)
+        assert done_meanwhile >= 40, "the workers went on while the caller's transaction was open"
+        reclaimed = db.execute(
+            sql.SQL("SELECT count(*) FROM {} WHERE attempt_count > 1").format(table(schema))
+        ).fetchone()[0]  # type: ignore[index]
+        assert reclaimed == 0
+        assert [n for n in pages.values() if n > 1] == [], "no page ran twice"
     finally:
-        let_go()
-    assert result == [(None, False)]  # both lanes were busy in the look's snapshot
-    assert hint(db, schema, "b-lane") is not None, "b-lane was parked after its job stopped"
-    job, _ = look(app, dsn)
-    assert job is not None and job.id in (following, running)
+        app.close()
 
 
-@pytest.mark.parametrize("arrival", ["enqueue", "requeue", "new lane"])
-def test_a_job_that_becomes_due_while_a_look_moves_its_lane_keeps_the_lane_found(
-    app: SyncLane, dsn: str, db: psycopg.Connection[Any], schema: str, arrival: str
+# -- wakes do not pile up --------------------------------------------------------------------------
+
+
+def test_a_worker_turns_wakes_into_hints_when_no_look_reads_them(
+    quick: SyncLane, dsn: str, db: psycopg.Connection[Any], schema: str
 ) -> None:
-    """The look read b-lane free with nothing due and moves its hint to its job due in an hour;
-    a job due now that arrived before the look wrote must keep the lane where looks find it."""
-    lanes = {"moving": "elsewhere"}
-    queue = app.queue("q", max_attempts=1)
-    queue.owners(lambda name: [Owner(owner, lane=lane) for owner, lane in lanes.items()])
-    queue.snapshot("sync", every=DAY)(lambda job: Page(None))
-    app.plan("q")
-    moving = int(app.jobs(owner="moving")["id"].iloc[0])
-    _run_as(db, schema, app.enqueue("q", "k", "sync", lane="a-busy"))
-    _not_due_for_an_hour(db, schema, app.enqueue("q", "later", "sync", lane="b-lane"))
-    failed = app.enqueue("q", "failed", "sync", lane="c-other")
-    db.execute(
-        sql.SQL("UPDATE {} SET status = 'abandoned', completed_at = now() WHERE id = %s").format(
-            sql.Identifier(schema, "jobs")
-        ),
-        [failed],
-    )
-    db.execute(
-        sql.SQL("UPDATE {} SET lane = 'b-lane' WHERE id = %s").format(
-            sql.Identifier(schema, "jobs")
-        ),
-        [failed],
-    )
-    # b-lane's hint says "may be due": the look reads it, finds nothing due, and moves it; the
-    # look does not read the owner's first lane (no hint: as if parked)
+    """With a free front of the line no look runs, and the enqueues' wakes would stay: every
+    poll_interval a worker folds them into the lanes' hints."""
+    for n in range(30):
+        quick.enqueue("q", f"o{n}", "sync", lane=f"l{n}", dedup_key=f"k{n}")
+    wakes = sql.SQL("SELECT count(*) FROM {}").format(table(schema, "lane_wakes"))
+    assert db.execute(wakes).fetchone() == (30,)
+    with running_worker(quick):
+        wait_for(lambda: db.execute(wakes).fetchone() == (0,), 5 * POLL, "the wakes folded")
+    listed = db.execute(
+        sql.SQL("SELECT count(*) FROM {} WHERE lane LIKE 'l%%'").format(table(schema, "lanes"))
+    ).fetchone()
+    assert listed == (30,)
+
+
+def test_a_lane_freed_by_a_completion_is_read_again_at_once_though_a_look_parked_it(
+    dsn: str, db: psycopg.Connection[Any], schema: str
+) -> None:
+    """Completions (take_front) write no wake themselves: the worker that completed tells, for
+    the lanes it freed that a look had parked. With poll_interval=30 no poll and no mending of
+    parked lanes comes within the test: acme's next job must be taken at once."""
+    app = SyncLane(dsn, schema=schema, poll_interval=30)
+    queue = app.queue("q", concurrency=1)
+    go = threading.Event()
+
+    @queue.snapshot("sync", every=DAY)
+    def sync(job: Job) -> Page:
+        if job.owner == "slow-first":
+            go.wait(30)
+        return Page(None, 1)
+
+    try:
+        block_the_front(db, schema)
+        first = app.enqueue("q", "slow-first", "sync", lane="acme")
+        later = app.enqueue("q", "later", "sync", lane="acme")
+        with running_worker(app):
+            wait_for(lambda: status(db, schema, first) == "running", 10, "acme's first job")
+            with running_worker(app):
+                wait_for(lambda: hint(db, schema, "acme") == "infinity", 10, "a look parking acme")
+                time.sleep(0.5)
+                assert status(db, schema, later) == "pending"
+                go.set()
+                started = time.monotonic()
+                wait_for(
+                    lambda: status(db, schema, later) in ("running", "completed"),
+                    5,
+                    "acme's next job",
+                )
+                assert time.monotonic() - started < 1.5
+    finally:
+        go.set()
+        app.close()
+
+
+def test_the_documented_query_lists_a_hidden_job_and_nothing_else(
+    quick: SyncLane, dsn: str, db: psycopg.Connection[Any], schema: str
+) -> None:
+    """operations.md's hidden_jobs: with the front of the line blocked and a worker running,
+    nothing is hidden; a lane whose hint is made wrong by hand (what no statement of synclane
+    leaves) shows its due job."""
+    block_the_front(db, schema)
+    job_id = quick.enqueue("q", "acme", "sync", lane="acme")
+    hidden = operations_sql("hidden_jobs", schema, **{"'shops'": "'q'"})
+    assert db.execute(hidden).fetchall() == []  # its wake says it is due
+    with running_worker(quick):
+        taken_within(db, schema, job_id, "the enqueued job")
+        time.sleep(2 * POLL)
+        assert db.execute(hidden).fetchall() == []
+    later = quick.enqueue("q", "acme", "sync", lane="acme")
+    db.execute(sql.SQL("DELETE FROM {}").format(table(schema, "lane_wakes")))
     db.execute(
         sql.SQL(
-            "UPDATE {} SET due_at = CASE lane WHEN 'b-lane' THEN now() - interval '1 second' END"
-            " WHERE lane IN ('b-lane', 'elsewhere')"
-        ).format(sql.Identifier(schema, "lanes"))
+            "INSERT INTO {} (queue, lane, due_at) VALUES ('q', 'acme', now() + interval '1 hour')"
+            " ON CONFLICT (queue, lane) DO UPDATE SET due_at = excluded.due_at"
+        ).format(table(schema, "lanes"))
     )
-    let_go, result = _look_held_at_a_busy(app, dsn, db, schema)
-    try:
-        if arrival == "enqueue":
-            arrived = app.enqueue("q", "p", "sync", lane="b-lane")
-        elif arrival == "requeue":
-            assert app.requeue("q", ids=[failed]) == 1
-            arrived = failed
-        else:
-            lanes["moving"] = "b-lane"
-            app.plan("q")
-            arrived = moving
-    finally:
-        let_go()
-    assert result == [(None, False)]
-    due = hint(db, schema, "b-lane")
-    assert due is not None and due <= job_row(db, schema, arrived)["next_run_at"], (
-        "b-lane's hint moved past a job due now"
-    )
-    job, _ = look(app, dsn)
-    assert job is not None and job.id == arrived
-
-
-def test_a_retry_earlier_than_its_lanes_hint_moves_the_hint_back(
-    app: SyncLane, dsn: str, db: psycopg.Connection[Any], schema: str
-) -> None:
-    """A lane two jobs wide is not busy with one running: a look moves its hint to its next job
-    due in an hour. The running job then fails and is retried in a minute: the hint must say so,
-    or no look would find the retry before the hour."""
-    app.queue("q", lane_width=2).snapshot("sync", every=DAY)(lambda job: Page(None))
-    running = app.enqueue("q", "r", "sync", lane="wide")
-    token = _run_as(db, schema, running)
-    _not_due_for_an_hour(db, schema, app.enqueue("q", "later", "sync", lane="wide"))
-    assert look(app, dsn, lane_width=2) == (None, False)
-    assert hint(db, schema, "wide") > job_row(db, schema, running)["started_at"] + timedelta(
-        minutes=59
-    )
-    db.execute(
-        app.store.query("fail_job"),
-        {
-            "id": running,
-            "token": token,
-            "max_attempts": 5,
-            "error": "RuntimeError: 500",
-            "delay": timedelta(minutes=1),
-            "lease": timedelta(minutes=5),
-        },
-    )
-    assert hint(db, schema, "wide") == job_row(db, schema, running)["next_run_at"]
+    assert [row[0] for row in db.execute(hidden)] == [later]

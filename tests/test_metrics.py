@@ -198,7 +198,7 @@ def test_metrics_scraped_over_http_from_a_worker_process_match_the_table(
         assert _value(again, "synclane_open_jobs", queue="shops", status="pending") == 1
 
         process.send_signal(signal.SIGINT)
-        assert process.wait(timeout=20) == 0
+        assert process.wait(timeout=20) == 130, "Ctrl-C: interrupted, after the jobs went back"
         assert _one(db, "SELECT count(*) FROM {workers}", schema) == 0
     finally:
         app.close()

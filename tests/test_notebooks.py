@@ -106,3 +106,50 @@ def test_the_timeline_names_the_month_of_every_tick() -> None:
     assert labels and all(re.search(r"[A-Z][a-z]{2}", label) for label in labels), labels
     assert axes.xaxis.get_offset_text().get_text() == ""
     assert axes.get_xlabel() == "window (UTC, 2026)"
+
+
+# which distribution gives each `jupyter` subcommand
+JUPYTER_COMMANDS = {"lab": "jupyterlab", "execute": "nbclient", "nbconvert": "nbconvert"}
+
+
+def test_the_readme_has_one_command_that_installs_what_the_notebooks_need_and_opens_them() -> None:
+    """One line a reader pastes: it installs an extra of synclane's, and that extra holds the
+    package of the `jupyter` command the line runs next (`jupyter nbconvert` was not installed)."""
+    import tomllib
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    commands = [
+        line
+        for block in re.findall(r"```bash\n(.*?)```", readme, re.S)
+        for line in block.splitlines()
+        if "notebooks/explore.ipynb" in line and "pip install" in line
+    ]
+    assert len(commands) == 1, commands
+    extras = re.findall(r"pip install -e '\.\[([\w,]+)\]'", commands[0])
+    assert extras, commands[0]
+    optional = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    installed = {
+        re.split(r"[<>=\[ ]", requirement)[0]
+        for extra in extras[0].split(",")
+        for requirement in optional[extra]
+    }
+    used = re.findall(r"jupyter (\w+)", commands[0])
+    assert used, commands[0]
+    for subcommand in used:
+        assert JUPYTER_COMMANDS[subcommand] in installed, (subcommand, sorted(installed))
+
+
+def test_what_running_the_notebooks_writes_is_ignored_by_git(tmp_path: Path) -> None:
+    """The notebook's headless run (`jupyter execute --output=explore-run`) writes
+    notebooks/explore-run.ipynb beside it; JupyterLab keeps checkpoints. Neither is committed."""
+    import subprocess
+
+    first = nbformat.read(ROOT / "notebooks" / "explore.ipynb", as_version=4).cells[0].source
+    (output,) = re.findall(r"jupyter execute --output=(\S+)", first)
+    for path in (f"notebooks/{output}.ipynb", "notebooks/.ipynb_checkpoints/explore.ipynb"):
+        ignored = subprocess.run(
+            ["git", "-C", str(ROOT), "check-ignore", "--no-index", "-q", path], check=False
+        )
+        assert ignored.returncode == 0, f"{path} is not in .gitignore"

@@ -450,24 +450,16 @@ def test_the_worker_plans_new_owners_at_its_next_reconciliation(
 def test_a_worker_whose_round_was_skipped_plans_before_it_calls_itself_idle(
     app: SyncLane, dsn: str, db: psycopg.Connection[Any], schema: str
 ) -> None:
-    """Another process holds the queue's planning lock when the worker starts: the worker's
-    round is skipped, tried again, and the worker works until idle only once it has planned."""
-    from synclane.planner import lock_key
-
+    """Another process holds the queue's planning lease when the worker starts (for another
+    second): the worker's round is skipped, tried again, and the worker works until idle only
+    once it has planned."""
     declare(app, Source([Owner("acme"), Owner("globex")]), every=DAY)
-    with psycopg.connect(dsn) as other:
-        other.execute(
-            "SELECT pg_advisory_xact_lock(%s)", [lock_key(app.database, app.queues["shops"])]
-        )
-        release = time.monotonic() + 1.0
-
-        def let_go() -> None:
-            time.sleep(max(0.0, release - time.monotonic()))
-            other.rollback()
-
-        import threading
-
-        threading.Thread(target=let_go, daemon=True).start()
-        report = app.run_worker(until_idle=True, idle_grace=0, stop_after=30)
+    db.execute(
+        sql.SQL(
+            "INSERT INTO {} (queue, planning_token, planning_until) "
+            "VALUES ('shops', gen_random_uuid(), now() + interval '1 second')"
+        ).format(sql.Identifier(schema, "planner"))
+    )
+    report = app.run_worker(until_idle=True, idle_grace=0, stop_after=30)
     assert report.get("completed") == 2 * 4, report
     assert count(db, schema, "status = 'completed'") == 8

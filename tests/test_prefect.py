@@ -176,7 +176,7 @@ def test_loading_an_app_by_path_binds_it_to_the_given_dsn(
     loaded: ModuleType, dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     assert load_app("prefect_app:app", dsn) is loaded.app
-    with pytest.raises(ConfigError, match="names nothing"):
+    with pytest.raises(ConfigError, match="has no 'missing'"):
         load_app("prefect_app:missing")
     with pytest.raises(ConfigError, match="not a SyncLane"):
         load_app("prefect_app:build")

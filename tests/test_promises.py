@@ -12,6 +12,7 @@ import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
+from uuid import uuid4
 
 import psycopg
 import pytest
@@ -373,8 +374,9 @@ def test_every_statement_that_puts_a_job_back_in_line_respects_its_lanes_pause(
     lanes = sql.Identifier(schema, "lanes")
     (paused_until,) = db.execute(
         sql.SQL(
-            "UPDATE {} SET paused_until = now() + interval '1 hour' "
-            "WHERE queue = 'q' AND lane = 'acme' RETURNING paused_until"
+            "INSERT INTO {} (queue, lane, paused_until) VALUES ('q', 'acme', now() + interval "
+            "'1 hour') ON CONFLICT (queue, lane) DO UPDATE SET paused_until = "
+            "excluded.paused_until RETURNING paused_until"
         ).format(lanes)
     ).fetchone() or (None,)
     assert paused_until is not None
@@ -389,7 +391,7 @@ def test_every_statement_that_puts_a_job_back_in_line_respects_its_lanes_pause(
             "delay": timedelta(seconds=1),
             "previous_status": "pending",
         },
-        "reclaim_expired": {"queue": "q", "max_attempts": 5},
+        "reclaim_expired": {"queue": "q", "max_attempts": 5, "key": uuid4()},
     }[statement]
     if statement == "reclaim_expired":
         arrange(db, schema, job_id, lease_expires_at=database_now(db) - timedelta(seconds=1))
@@ -790,6 +792,7 @@ def test_an_owner_source_item_that_is_no_owner_is_left_out_and_the_rest_planned(
         (lambda a: a.jobs(ids=[2**63]), "ids"),
         (lambda a: a.jobs(ids=[0]), "ids"),
         (lambda a: a.jobs(limit=10**20), "limit"),
+        (lambda a: a.progress("q", limit=10**20), "limit"),  # issue 27: NumericValueOutOfRange
         (lambda a: a.jobs(since=timedelta.max), "since"),
         (lambda a: a.failures(since=timedelta.max), "since"),
         (lambda a: a.coverage("q", until=timedelta.min), "until"),

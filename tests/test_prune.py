@@ -17,7 +17,7 @@ from command_line import Run
 from psycopg import sql
 from psycopg.rows import dict_row
 from roles import drop_role, dsn_as
-from workers import let_time_pass
+from workers import database_now, let_time_pass
 
 from synclane import ConfigError, Owner, Page, SyncLane
 
@@ -134,6 +134,55 @@ def test_a_prune_keeps_every_row_planning_coverage_and_progress_read(
     (newest, *older) = reversed(jobs(db, schema, "owner = 'acme' AND type = 'orders'"))
     assert newest["status"] == "pending"
     assert newest["window_start"] == max(r["window_end"] for r in older) - timedelta(minutes=5)
+
+
+@pytest.mark.parametrize("older_than", [timedelta(0), 5 * HOUR])
+def test_a_prune_keeps_the_spans_coverage_shows_over_any_range(
+    app: SyncLane, db: psycopg.Connection[Any], schema: str, older_than: timedelta
+) -> None:
+    """A prune merges a run of old refreshes into its newest row, widened to the run's span.
+    coverage() over a range that cuts the run (the last two hours, say) showed that row whole
+    after the prune: a span reaching back two days. Spans are clipped to the range, so they are
+    the same whichever rows hold them; records are those of the jobs behind a span, each counted
+    whole (a merged row carries its whole run's)."""
+    declare(app)
+    two_days_of_refreshes(app, db, schema)
+    end = max(r["window_end"] for r in jobs(db, schema, "mode = 'recurring' AND type = 'orders'"))
+    ranges: list[dict[str, Any]] = [
+        {},
+        {"since": end - 2 * HOUR},
+        {"since": end - timedelta(minutes=90)},  # inside a window
+        {"since": end - 30 * HOUR, "until": end - 20 * HOUR - timedelta(minutes=20)},
+        {"until": end - 40 * HOUR},
+    ]
+
+    def read(asked: dict[str, Any]) -> pd.DataFrame:
+        return app.coverage("shops", **asked).reset_index(drop=True)
+
+    before = [read(asked) for asked in ranges]
+    assert app.prune(older_than=older_than) > 60
+    for asked, was in zip(ranges, before, strict=True):
+        now = read(asked)
+        columns = ["owner", "type", "status", "window_start", "window_end", "duration"]
+        pd.testing.assert_frame_equal(now[columns], was[columns], obj=f"coverage({asked})")
+        low, high = asked.get("since"), asked.get("until")
+        assert (low is None or (now["window_start"] >= low).all()) and (
+            high is None or (now["window_end"] <= high).all()
+        ), f"coverage({asked}) reaches outside its range"
+        # Records: those of every job whose window overlaps the span, counted whole.
+        for span in now.itertuples():
+            behind = jobs(
+                db,
+                schema,
+                f"owner = '{span.owner}' AND type = '{span.type}' AND status = '{span.status}' "
+                f"AND window_start < '{span.window_end.isoformat()}' "
+                f"AND window_end > '{span.window_start.isoformat()}'",
+            )
+            assert span.records == sum(r["processed_count"] for r in behind)
+    pd.testing.assert_frame_equal(read({}), before[0].assign(jobs=read({})["jobs"]))
+    # A range relative to the database's now is clipped the same way.
+    recent = read({"since": timedelta(hours=3)})
+    assert (recent["window_start"] >= database_now(db) - timedelta(hours=3, seconds=5)).all()
 
 
 def test_a_prune_waits_for_no_lock_and_leaves_locked_rows(

@@ -644,10 +644,12 @@ def test_coverage_filters_windows_by_time_and_status(
     _, second, third, _ = slices(db, schema, "globex")
     arrange(db, schema, third["id"], status="failed", error="RuntimeError: boom")
 
+    # A range keeps the windows that overlap it, and clips their spans to it.
     recent = shops.coverage("shops", "globex", since=second["window_start"] + DAY)
-    assert list(recent["window_start"]) == [pd.Timestamp(second["window_start"])]
-    old = shops.coverage("shops", "globex", until=third["window_end"])
+    assert list(recent["window_start"]) == [pd.Timestamp(second["window_start"] + DAY)]
+    old = shops.coverage("shops", "globex", until=third["window_end"] - DAY)
     assert list(old["status"]) == ["pending", "failed"]
+    assert old["window_end"].iloc[-1] == pd.Timestamp(third["window_end"] - DAY)
     assert list(shops.coverage("shops", status="failed")["owner"]) == ["globex"]
 
 

@@ -47,6 +47,7 @@ COLUMNS = {
     "stalls": "integer",
     "lane_slot": "smallint",
     "queue_slot": "integer",
+    "release_key": "uuid",
 }
 
 
@@ -300,8 +301,8 @@ def test_the_two_unique_indexes_exist(app, db, schema):
         # a running job holds a slot of its lane (one slot, 0, in a lane one wide) ...
         "(queue, lane, lane_slot) WHERE (status = 'running'::text)",
         "(queue, owner, type, dedup_key)",
-        # ... and of its queue, when the queue has max_running
-        "(queue, queue_slot) WHERE ((status = 'running'::text) AND (queue_slot IS NOT NULL))",
+        # ... and a live lease holds a slot of its queue, when the queue has max_running
+        "(queue, queue_slot) WHERE ((queue_slot IS NOT NULL) AND (lease_token IS NOT NULL))",
     ]
 
 
@@ -398,26 +399,42 @@ def test_positional_numbers_each_name_once_in_order_of_first_use():
     assert names == ("a", "b")
 
 
-def test_a_version_3_schema_gets_the_lane_hint_functions_of_version_4(app, db, dsn, schema):
-    """Version 4 only replaces functions: an upgrade must install them, not skip them."""
+def test_a_version_4_schema_gets_wakes_instead_of_hints_written_by_its_statements(
+    app, db, dsn, schema
+):
+    """Version 5 replaces version 4's hint machinery: the insert trigger that wrote lanes goes,
+    unpark_lane (which a version-4 worker still running calls) does nothing, and a lane that a
+    version-4 look had parked (due_at NULL, with open jobs) is read again by the next look."""
+    insert_job(db, schema, owner="acme", lane="acme", key="manual:1")
+    lanes = table(schema, "lanes")
     db.execute(
         sql.SQL(
-            "CREATE OR REPLACE FUNCTION {}(queue_name text, lane_name text, also timestamptz,"
-            " changed bigint) RETURNS integer LANGUAGE sql AS 'SELECT 0'"
-        ).format(sql.Identifier(schema, "unpark_lane"))
+            "INSERT INTO {} (queue, lane, due_at) VALUES ('shops', 'acme', NULL)"
+            " ON CONFLICT (queue, lane) DO UPDATE SET due_at = NULL"
+        ).format(lanes)
     )
-    db.execute(sql.SQL("DELETE FROM {} WHERE version > 3").format(table(schema, "schema_version")))
+    db.execute(sql.SQL("DELETE FROM {}").format(table(schema, "lane_wakes")))
+    _make_version(db, schema, 4)
 
     upgraded = SyncLane(dsn, schema=schema)
     try:
-        assert upgraded.migrate() == SCHEMA_VERSION == 4
+        assert upgraded.migrate() == SCHEMA_VERSION == 5
     finally:
         upgraded.close()
     (body,) = db.execute(
         "SELECT prosrc FROM pg_proc WHERE oid = %s::regprocedure",
         [f'"{schema}".unpark_lane(text, text, timestamptz, bigint)'],
     ).fetchone()
-    assert "ELSE least(l.due_at, also)" in body
+    assert "UPDATE" not in body
+    triggers = db.execute(
+        "SELECT tgname FROM pg_trigger WHERE tgrelid = %s::regclass ORDER BY tgname",
+        [f'"{schema}".jobs'],
+    ).fetchall()
+    assert triggers == [("jobs_wake_changed_lanes",), ("jobs_wake_new_lanes",)]
+    wakes = db.execute(
+        sql.SQL("SELECT queue, lane FROM {}").format(table(schema, "lane_wakes"))
+    ).fetchall()
+    assert wakes == [("shops", "acme")]
     # a worker of version 3, still running while the schema moved on, counts its page starts
     # the way it did: without a key
     call = sql.SQL("SELECT {}('q', 'old', 1, interval '1 hour', 1, false)").format(
@@ -425,3 +442,35 @@ def test_a_version_3_schema_gets_the_lane_hint_functions_of_version_4(app, db, d
     )
     assert db.execute(call).fetchone() == (0,)
     assert db.execute(call).fetchone()[0] > 0  # the lane's one start an hour is used
+
+
+@pytest.mark.parametrize("beating", [True, False])
+def test_a_version_4_schema_with_a_live_worker_is_not_upgraded_under_it(
+    app, db, dsn, schema, beating
+):
+    """A worker of version 4 still running would write hints that version 5 does not read, and
+    its take can crash PostgreSQL: the upgrade names it and waits for it to stop. A worker whose
+    beat has expired (it died) does not stop the upgrade."""
+    db.execute(
+        sql.SQL(
+            "INSERT INTO {} (name, instance, host, pid, version, queues, slots, expires_at)"
+            " VALUES ('old-1:7', gen_random_uuid(), 'old-1', 7, '0.3.0', '{{shops}}', 4,"
+            " now() + %s * interval '1 minute')"
+        ).format(table(schema, "workers")),
+        [1 if beating else -1],
+    )
+    _make_version(db, schema, 4)
+
+    if beating:
+        with pytest.raises(SchemaError, match=r"old-1:7 \(synclane 0\.3\.0\); stop them"):
+            SyncLane(dsn, schema=schema)
+        versions = db.execute(
+            sql.SQL("SELECT version FROM {}").format(table(schema, "schema_version"))
+        )
+        assert versions.fetchall() == [(4,)]
+    else:
+        SyncLane(dsn, schema=schema).close()
+        versions = db.execute(
+            sql.SQL("SELECT max(version) FROM {}").format(table(schema, "schema_version"))
+        )
+        assert versions.fetchone() == (SCHEMA_VERSION,)

@@ -19,7 +19,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from synclane import Page, SyncLane
+from synclane import Page, SyncLane, Throttled
 from synclane.model import Job
 
 RUNS_DDL = """
@@ -75,6 +75,9 @@ def build(settings: dict[str, Any]) -> SyncLane:
     page_sleep = settings.get("page_sleep", 0.01)
     slow_cursor = settings.get("slow_cursor")
     slow_sleep = settings.get("slow_sleep", 60)
+    # {"owner": o, "cursor": n, "retry_after": s}: the first run of that owner's page n raises
+    # Throttled(retry_after=s) (the other side said "slow down")
+    throttle = settings.get("throttle")
 
     def connection() -> psycopg.Connection[Any]:
         conn = getattr(local, "conn", None)
@@ -99,6 +102,13 @@ def build(settings: dict[str, Any]) -> SyncLane:
             sql.SQL("UPDATE {} SET ended = clock_timestamp() WHERE id = %s").format(runs),
             (row[0],),
         )
+        if throttle is not None and (job.owner, page) == (throttle["owner"], throttle["cursor"]):
+            first = conn.execute(
+                sql.SQL("SELECT min(id) FROM {} WHERE job_id = %s AND cursor_in = %s").format(runs),
+                (job.id, job.cursor),
+            ).fetchone()
+            if first is not None and first[0] == row[0]:
+                raise Throttled(retry_after=throttle["retry_after"])
         return Page(str(page + 1) if page + 1 < pages else None, 1)
 
     return app

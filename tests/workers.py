@@ -214,7 +214,7 @@ def race_a_rival(
     db.execute(sql.SQL("DELETE FROM {}").format(jobs))
     ids = [app.enqueue("q", f"o{n}", "sync", lane=f"l{n % lanes}") for n in range(rivals + 4)]
     if index is None:
-        for name in ("jobs_running_lane", "jobs_running_queue_slot"):
+        for name in ("jobs_running_lane", "jobs_leased_queue_slot"):
             db.execute(sql.SQL("DROP INDEX IF EXISTS {}").format(sql.Identifier(schema, name)))
     rival = psycopg.connect(dsn)
     # the rival holds the newest jobs, so that the take's best job is one it does not lock

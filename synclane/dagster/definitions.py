@@ -31,7 +31,7 @@ from synclane.dagster.names import Names
 from synclane.dagster.plan import plan_assets
 from synclane.dagster.resource import SyncLaneResource
 from synclane.dagster.work import work_job, work_schedule
-from synclane.model import ConfigError, to_duration
+from synclane.model import MAX_WORK_RUNS, ConfigError, check_whole, to_duration
 
 WORK_EVERY = timedelta(minutes=10)
 WORK_BUDGET = timedelta(minutes=9)
@@ -82,11 +82,7 @@ def definitions(
             f"work_budget={budget} must be shorter than work_every={work_period}: a work run "
             "should end before the next tick starts another (e.g. 9 and 10 minutes)"
         )
-    if not isinstance(work_runs, int) or isinstance(work_runs, bool) or work_runs < 1:
-        raise ConfigError(
-            f"work_runs={work_runs!r} must be a whole number >= 1: how many work runs to keep "
-            "going at once"
-        )
+    check_whole("work_runs", work_runs, MAX_WORK_RUNS, "how many work runs to keep going at once")
     if resource is None:
         resource = SyncLaneResource.for_app(app)
     elif not isinstance(resource, SyncLaneResource):

@@ -34,6 +34,9 @@ from synclane.model import ConfigError
 log = logging.getLogger("synclane.dashboard")
 
 MAX_HEAD = 16 * 1024  # the request line and headers together
+# A request still arriving after this many seconds is slow: at the connection limit, it may be
+# closed to make room.
+SLOW_REQUEST = 1.0
 
 
 class _ErrorAnswer(ErrorTask):
@@ -69,6 +72,23 @@ class _Channel(HTTPChannel):
 class _Server(TcpWSGIServer):
     channel_class = _Channel
     request_timeout = 10.0
+    # The page's connection limit. waitress is given a far higher one: at its own limit it stops
+    # accepting, and then a hundred connections left idle kept every new client waiting until
+    # they timed out. This server accepts and makes room instead (`_make_room`).
+    connection_limit = 100
+
+    def handle_accept(self) -> None:
+        super().handle_accept()
+        self._make_room()
+
+    def _make_room(self) -> None:
+        """Over the connection limit, close the connections that hold a socket and no work:
+        idle ones first, longest idle first, then those whose request has been arriving for
+        over a second (a client that sends its request in one go needs milliseconds), the
+        slowest first. A request being answered is never cut here. (No share per address: behind
+        a proxy every viewer comes from one.)"""
+        channels: dict[int, Any] = getattr(self, "active_channels", {})
+        _close_some(list(channels.values()), len(channels) - self.connection_limit)
 
     def maintenance(self, now: Any) -> None:
         """waitress closes connections idle for `channel_timeout`; this also closes those
@@ -80,6 +100,24 @@ class _Server(TcpWSGIServer):
             busy = channel.request is not None or channel.requests or channel.total_outbufs_len
             if busy and channel.began < cutoff:
                 channel.will_close = True
+
+
+def _close_some(channels: list[Any], excess: int) -> None:
+    """Close up to `excess` of these connections, those that cost least to lose first: the
+    longest idle, then the longest arriving, and the one just accepted last of all (it is idle
+    too, but it has had no chance yet)."""
+    if excess <= 0:
+        return
+    newest = max(channels, key=lambda c: c.creation_time)
+    others = [c for c in channels if c is not newest]
+    idle = [c for c in others if c.request is None and not c.requests and not c.total_outbufs_len]
+    slow = time.monotonic() - SLOW_REQUEST
+    arriving = [c for c in others if c.request is not None and not c.requests and c.began < slow]
+    victims = sorted(idle, key=lambda c: c.last_activity) + sorted(arriving, key=lambda c: c.began)
+    if newest.request is None and not newest.requests:
+        victims.append(newest)
+    for channel in victims[:excess]:
+        channel.handle_close()
 
 
 class DashboardServer:
@@ -104,7 +142,7 @@ class DashboardServer:
         family = socket.AF_INET6 if ":" in name else socket.AF_INET
         adjustments = Adjustments(
             threads=threads,
-            connection_limit=connection_limit,
+            connection_limit=connection_limit * 10,  # a backstop; _Server keeps the limit
             channel_timeout=request_timeout,
             cleanup_interval=min(1.0, request_timeout / 4),
             max_request_header_size=MAX_HEAD,
@@ -115,7 +153,11 @@ class DashboardServer:
             asyncore_use_poll=True,
             expose_tracebacks=False,
         )
-        server_class = type("_BoundServer", (_Server,), {"request_timeout": request_timeout})
+        server_class = type(
+            "_BoundServer",
+            (_Server,),
+            {"request_timeout": request_timeout, "connection_limit": connection_limit},
+        )
         self._server = server_class(
             dashboard,
             map=self._map,

@@ -35,6 +35,9 @@ PAGE_SIZE = 50  # rows in every list of the page
 WALK = 500  # the most accounts a search visits
 OWNERS_SHOWN = 20  # owners and job ids listed per cause
 ERROR_WIDTH = 2000  # characters of an error text sent to the page
+# The table's rows are counted up to this many (a few milliseconds); PostgreSQL's estimate is
+# shown above it (below, it is often 0 or unknown: a table the autovacuum has not analyzed yet)
+COUNTED_ROWS = 10_000
 # A failed job whose retry is further off than this waits for a human as much as a deferred one:
 # the page offers Requeue for it. One due sooner retries by itself, and a throttled one waits for
 # the other side.
@@ -205,10 +208,13 @@ class Reader:
 
     def summary(self) -> dict[str, Any]:
         """Unfinished jobs per queue and status, each queue's pause (since when, by whom, why;
-        None when it takes jobs), and the table's size (an estimate)."""
-        size = self._rows("page_table_rows", {"schema": self.schema})
-        if not size:
-            raise Unavailable(self._no_schema())
+        None when it takes jobs), and the table's size: counted up to COUNTED_ROWS, PostgreSQL's
+        estimate above."""
+        (size,) = self._rows(
+            "page_table_rows", {"schema": self.schema, "count_up_to": COUNTED_ROWS}
+        )
+        counted = size["counted"] < COUNTED_ROWS
+        rows = size["counted"] if counted else max(size["estimate"] or 0, COUNTED_ROWS)
         by_queue: dict[str, dict[str, Any]] = {}
         for row in self._rows("page_summary", {}):
             entry = by_queue.setdefault(row["queue"], {"queue": row["queue"], "statuses": {}})
@@ -232,7 +238,7 @@ class Reader:
                     "pause": None if pause is None else records([pause], self.mask)[0],
                 }
             )
-        return {"queues": queues, "table_rows_estimate": size[0]["rows"]}
+        return {"queues": queues, "table_rows": {"rows": rows, "counted": counted}}
 
     def accounts(self, search: str | None = None, page: int = 0) -> dict[str, Any]:
         """The accounts (owner and type) that need a look, worst first, with their first load;

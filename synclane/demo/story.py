@@ -16,24 +16,34 @@ from datetime import UTC, datetime
 
 from synclane.demo import QUEUE, Demo
 from synclane.demo.shop import BROKEN_CURSOR, BROKEN_OWNER, is_broken_slice
-from synclane.events import Event
+from synclane.events import WHOLE_LINE, Event
 
 log = logging.getLogger("synclane.demo")
 
 
 class Story:
     """Tells the demo's moments once each. `command` is how the reader runs synclane against
-    the demo (e.g. `synclane --app synclane.demo.app:app`), for the requeue hint."""
+    the demo (e.g. `synclane --app synclane.demo.app:app`), for the requeue hint, which
+    `say_command` says (by default `say`, or a log line marked to be printed whole: a command
+    to copy must not be cut into lines). `page`: whether the demo serves its page, where a
+    Requeue button does the same."""
 
     def __init__(
         self,
         demo: Demo,
         command: str = "synclane --app synclane.demo.app:app",
         say: Callable[[str], object] | None = None,
+        *,
+        say_command: Callable[[str], object] | None = None,
+        page: bool = True,
     ) -> None:
         self.demo = demo
         self.command = command
+        self.page = page
         self.say: Callable[[str], object] = say or (lambda text: log.info("%s", text))
+        self.say_command: Callable[[str], object] = say_command or (
+            say or (lambda text: log.info("%s", text, extra={WHOLE_LINE: True}))
+        )
         self.told: set[str] = set()
         self.broken_job: int | None = None
         self._stop = threading.Event()
@@ -130,10 +140,13 @@ class Story:
                 self._stop.wait(min((fixed_at - datetime.now(UTC)).total_seconds(), 1.0))
             if self._stop.is_set():
                 return
-            # The command on a line of its own, short enough not to wrap: copied whole.
+            # The command on a line of its own, printed whole: copied whole.
             command = f"  {self.command} requeue {self._requeue_filter()}"
-            self.say("the shop has fixed its broken record: press Requeue on the page, or run")
-            self.say(command)
+            if self.page:
+                self.say("the shop has fixed its broken record: press Requeue on the page, or run")
+            else:
+                self.say("the shop has fixed its broken record: requeue the slice with")
+            self.say_command(command)
         except Exception as error:  # the story must never break the demo
             log.debug("the demo's story could not follow the shop's fix: %s", error)
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
 
-from synclane.model import ConfigError
+from synclane.model import MAX_WORK_BUDGET, MAX_WORK_RUNS, ConfigError, check_whole
 from synclane.prefect.flows import WORK_BUDGET_SECONDS, backfill, called, plan, requeue, work
 from synclane.prefect.operations import load_app, split_app_path
 from synclane.prefect.runs import check_served_names
@@ -55,13 +55,18 @@ def deployments(
     work runs going; work for `work_budget_seconds` per run, at most `work_runs` at once;
     backfill and requeue when asked. Served deployments take no job variables: their runs
     inherit the environment of the serving process instead."""
-    if not work_budget_seconds > 0:
+    budget = work_budget_seconds
+    if (
+        not isinstance(budget, int | float)
+        or isinstance(budget, bool)
+        or not 0 < budget <= MAX_WORK_BUDGET
+    ):
         raise ConfigError(
-            f"work_budget_seconds={work_budget_seconds!r} must be a positive number of seconds, "
-            f"e.g. {WORK_BUDGET_SECONDS}"
+            f"work_budget_seconds={budget!r:.100} must be a number of seconds > 0 and at most "
+            f"{MAX_WORK_BUDGET:,} (a day; `synclane serve --work-budget` takes the same), e.g. "
+            f"{WORK_BUDGET_SECONDS}"
         )
-    if not isinstance(work_runs, int) or work_runs < 1:
-        raise ConfigError(f"work_runs={work_runs!r} must be a whole number of runs, 1 or more")
+    check_whole("work_runs", work_runs, MAX_WORK_RUNS, "as `synclane serve --work-runs`")
     name = name or deployment_name(app_path)
     app = {"app_path": app_path}
     built = [

@@ -66,13 +66,6 @@ requeued AS (
     WHERE j.id = c.id
     RETURNING j.id, j.queue, j.lane, j.next_run_at
 ),
-hinted AS (
-    -- the lanes' hints (lanes.due_at) say their requeued jobs are due
-    INSERT INTO {schema}.lanes AS l (queue, lane, due_at)
-    SELECT queue, lane, min(next_run_at) FROM requeued GROUP BY queue, lane
-    ORDER BY queue, lane
-    ON CONFLICT (queue, lane) DO UPDATE SET due_at = least(l.due_at, excluded.due_at)
-),
 woken AS (
     SELECT pg_notify({channel}, %(queue)s)
     WHERE EXISTS (SELECT FROM requeued WHERE next_run_at <= now())

@@ -21,10 +21,13 @@ ORDER BY queue, array_position(ARRAY['running', 'pending', 'failed', 'deferred',
                                status);
 
 -- name: page_table_rows
--- the planner's estimate of the table's rows (pg_class.reltuples): free, never a scan
-SELECT greatest(c.reltuples, 0)::bigint AS rows
-FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-WHERE n.nspname = %(schema)s AND c.relname = 'jobs';
+-- the table's rows counted up to `count_up_to` (the count stops there: the same cost on any
+-- table), and the planner's estimate (pg_class.reltuples, -1 before the first ANALYZE) for a
+-- table that holds more
+SELECT (SELECT count(*) FROM (SELECT FROM {schema}.jobs LIMIT %(count_up_to)s) AS j) AS counted,
+       (SELECT c.reltuples::bigint
+        FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+        WHERE n.nspname = %(schema)s AND c.relname = 'jobs') AS estimate;
 
 -- name: page_accounts
 -- owners and types that need a look, worst first: something abandoned, then failing, then a
@@ -271,13 +274,15 @@ LIMIT %(limit)s;
 -- the rows come from the per-owner and open-row indexes and are sorted, instead of walking the
 -- newest ids, which would read the whole history to find a few old stopped jobs. An owner is
 -- looked up in the declared `queues`. `offer_requeue` says whether a Requeue button belongs on
--- it: deferred, abandoned, or failed with a retry further off than `far` (not a throttle)
+-- it: deferred, abandoned, or failed with a retry further off than `far` (not a throttle). A
+-- next run only for a job that waits to be taken
 SELECT id, queue, owner, lane, type, mode, status, window_start, window_end, cursor,
        processed_count, attempt_count, throttle_count,
        left(error, %(error_width)s) AS error,
        CASE WHEN status IN ('failed', 'deferred', 'abandoned') AND error IS NOT NULL
             THEN left(md5({schema}.error_cause(error)), 8) END AS cause_id,
-       next_run_at, leased_by, created_at, started_at, completed_at,
+       CASE WHEN status IN ('pending', 'failed', 'deferred') THEN next_run_at END AS next_run_at,
+       leased_by, created_at, started_at, completed_at,
        (status IN ('deferred', 'abandoned')
         OR (status = 'failed' AND next_run_at > now() + %(far)s
             AND coalesce(error, '') NOT LIKE 'Throttled%%')) AS offer_requeue

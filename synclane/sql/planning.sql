@@ -90,9 +90,8 @@ WHERE queue = %(queue)s AND owner = ANY (%(owners)s::text[]);
 -- under a live lease), a new owner's planned jobs in any other lane (a manual job enqueued into
 -- a lane of its own stays there). The running job moves with the others, so the running-lane
 -- index decides: when the new lane runs a job already, the statement fails with a unique
--- violation and none of it happens. A job that joins a paused lane waits for the pause, and the
--- lanes the jobs join get their hint (lanes.due_at) like an insert's. Jobs are
--- locked in id order and owners written in owner order, so two planners never wait in a circle
+-- violation and none of it happens. A job that joins a paused lane waits for the pause; the lanes
+-- the jobs join and leave get wakes from the database (lane_wakes). Jobs are locked in id order and owners written in owner order, so two planners never wait in a circle
 WITH target AS (
     SELECT t.owner, t.lane, o.lane AS old
     FROM unnest(%(owners)s::text[], %(lanes)s::text[]) AS t (owner, lane)
@@ -122,19 +121,6 @@ moved AS (
     LEFT JOIN {schema}.lanes p ON p.queue = %(queue)s AND p.lane = k.lane
     WHERE j.id = k.id
     RETURNING j.id, j.lane, j.status, j.next_run_at
-),
-hinted AS (
-    -- the new lanes' hints (lanes.due_at): the insert trigger does not see jobs that move.
-    -- Written even when the hint stays: a look that read the lane before this commits then
-    -- finds the row changed and leaves its hint alone (take_by_lane)
-    INSERT INTO {schema}.lanes AS l (queue, lane, due_at)
-    SELECT %(queue)s, lane,
-           min(next_run_at) FILTER (WHERE status IN ('pending', 'failed', 'deferred'))
-    FROM moved
-    GROUP BY lane
-    ORDER BY lane
-    ON CONFLICT (queue, lane) DO UPDATE
-    SET due_at = least(l.due_at, excluded.due_at)
 ),
 registered AS (
     INSERT INTO {schema}.owners (queue, owner, lane)
@@ -184,10 +170,31 @@ LIMIT %(limit)s;
 -- the lane the owners table plans an owner into (no row: an owner it does not know)
 SELECT lane FROM {schema}.owners WHERE queue = %(queue)s AND owner = %(owner)s;
 
--- name: plan_lock
--- one planning round per queue at a time, across every process: a transaction lock that another
--- round does not wait for (false: someone else plans this queue now, skip the round)
-SELECT pg_try_advisory_xact_lock(%(key)s::bigint) AS locked;
+-- name: take_planning_lease
+-- one planning round per queue at a time, across every process: the round holds a lease on the
+-- queue's planner row (its token and an end, like a job's lease), renewed while it works, and
+-- another round does not wait for it (no row: someone else plans this queue now, skip the
+-- round). A lease its round stopped renewing (a planner frozen or dead) ends, and the next round
+-- takes it
+INSERT INTO {schema}.planner AS p (queue, planning_token, planning_until)
+VALUES (%(queue)s, %(token)s, now() + %(lease)s)
+ON CONFLICT (queue) DO UPDATE
+SET planning_token = excluded.planning_token, planning_until = excluded.planning_until
+WHERE p.planning_token IS NULL OR p.planning_until <= now()
+RETURNING p.planning_until;
+
+-- name: renew_planning_lease
+-- the round goes on to its next batch: its lease is renewed while the row still carries its
+-- token (also once it ended, if no other round started since); no row: another round started
+-- (this planner was stopped for longer than its lease), and this one ends
+UPDATE {schema}.planner SET planning_until = now() + %(lease)s
+WHERE queue = %(queue)s AND planning_token = %(token)s
+RETURNING planning_until;
+
+-- name: release_planning_lease
+-- the round is over: the next one may start at once, in any process
+UPDATE {schema}.planner SET planning_token = NULL, planning_until = NULL
+WHERE queue = %(queue)s AND planning_token = %(token)s;
 
 -- name: planner_clock
 -- the database clock, and when this queue's owners were last reconciled and it was last pruned

@@ -30,7 +30,7 @@ SELECT owner, type FROM groups LIMIT %(limit)s;
 -- starts the next refresh there), the newest row without a window (a snapshot's next refresh is
 -- timed from it), or a refresh of the type's current period (a second planner in this period would
 -- propose its key again); an owner and type of which it cannot hold every such row waits for a
--- later prune. Windows stay whole: a run of such rows that follow each other without a
+-- later prune. Answers the ids it deleted (synclane.pruning settles a lost commit with them). Windows stay whole: a run of such rows that follow each other without a
 -- gap and share a status becomes its newest row, widened to the run's span and carrying its
 -- records, so coverage() shows the same spans and no window turns into a gap
 WITH target AS (
@@ -140,5 +140,10 @@ dropped AS (
     WHERE j.id = u.id AND u.prunable AND u.newest > 1
     RETURNING j.id
 )
-SELECT (SELECT count(*) FROM merged_away) + (SELECT count(*) FROM dropped) AS deleted,
+SELECT ARRAY(SELECT id FROM merged_away) || ARRAY(SELECT id FROM dropped) AS deleted,
        (SELECT count(*) FROM grown) AS widened;
+
+-- name: rows_left
+-- how many of these rows still exist: after a prune's commit went unanswered, none means it
+-- committed (the prune held them locked; nothing brings a deleted row back)
+SELECT count(*) FROM {schema}.jobs WHERE id = ANY (%(ids)s::bigint[]);

@@ -4,12 +4,13 @@
 
 -- name: list_jobs
 -- jobs, newest first, filtered, at most `limit` rows; an error is cut to its first line (at most
--- `error_width` characters, "…" where cut) unless full_errors; durations on the database clock
+-- `error_width` characters, "…" where cut) unless full_errors; durations on the database clock;
+-- a next run only for a job that waits to be taken (a finished or running row keeps an old one)
 SELECT id, queue, owner, lane, type, mode, status, window_start, window_end, cursor,
        processed_count, attempt_count, throttle_count,
        now() - created_at AS age,
        CASE WHEN status = 'running' THEN now() - started_at END AS running_for,
-       next_run_at,
+       CASE WHEN status IN ('pending', 'failed', 'deferred') THEN next_run_at END AS next_run_at,
        CASE WHEN %(full_errors)s OR error IS NULL
                  OR (strpos(error, E'\n') = 0 AND length(error) <= %(error_width)s) THEN error
             ELSE left(split_part(error, E'\n', 1), %(error_width)s - 1) || '…' END AS error,
@@ -138,9 +139,13 @@ ORDER BY owner, type
 LIMIT %(limit)s;
 
 -- name: open_jobs
--- how many jobs of these queues have not finished (from the partial index of open rows)
-SELECT count(*) FROM {schema}.jobs
-WHERE queue = ANY (%(queues)s::text[]) AND status IN ('pending', 'running', 'failed', 'deferred');
+-- how many jobs of these queues have not finished, and how many of those that stopped wait for a
+-- human (abandoned: nothing runs them until a requeue); from the index of unfinished rows
+SELECT count(*) FILTER (WHERE status <> 'abandoned') AS open,
+       count(*) FILTER (WHERE status = 'abandoned') AS waiting
+FROM {schema}.jobs
+WHERE queue = ANY (%(queues)s::text[])
+  AND status IN ('pending', 'running', 'failed', 'deferred', 'abandoned');
 
 -- name: failures
 -- open failures grouped by cause (the error's first line, numbers and ids masked), aggregated in
@@ -280,20 +285,25 @@ ORDER BY queue, lane,
 -- name: coverage
 -- the windows of each owner and type as spans for a timeline, merged in the database: windows
 -- that follow each other without a gap and share a status are one span; a gap or another
--- status starts a new one
-WITH windows AS (
+-- status starts a new one. A span is clipped to the range asked for, so that it is the same
+-- whether its windows are rows of their own or were merged into one by a prune; its records are
+-- those of the jobs behind it, each counted whole
+WITH asked AS (
+    SELECT coalesce(%(since)s::timestamptz, now() - %(since_ago)s::interval, '-infinity')
+               AS since,
+           coalesce(%(until)s::timestamptz, now() - %(until_ago)s::interval, 'infinity')
+               AS until
+),
+windows AS (
     SELECT owner, type, status, window_start, window_end, processed_count, id,
            lag(status) OVER w AS previous_status,
            max(window_end) OVER (w ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS reached
-    FROM {schema}.jobs
+    FROM {schema}.jobs, asked
     WHERE queue = %(queue)s AND window_start IS NOT NULL AND window_end IS NOT NULL
       AND (%(owner)s::text IS NULL OR owner = %(owner)s)
       AND (%(type)s::text IS NULL OR type = %(type)s)
       AND (%(statuses)s::text[] IS NULL OR status = ANY (%(statuses)s::text[]))
-      AND window_end > coalesce(%(since)s::timestamptz, now() - %(since_ago)s::interval,
-                                '-infinity')
-      AND window_start < coalesce(%(until)s::timestamptz, now() - %(until_ago)s::interval,
-                                  'infinity')
+      AND window_end > asked.since AND window_start < asked.until
     WINDOW w AS (PARTITION BY owner, type ORDER BY window_start, window_end, id)
 ),
 numbered AS (
@@ -302,13 +312,17 @@ numbered AS (
                               OR reached < window_start)
                OVER (PARTITION BY owner, type ORDER BY window_start, window_end, id) AS span
     FROM windows
+),
+spans AS (
+    SELECT owner, type, status, greatest(min(window_start), (SELECT since FROM asked)) AS s,
+           least(max(window_end), (SELECT until FROM asked)) AS e,
+           count(*) AS jobs, sum(processed_count)::bigint AS records
+    FROM numbered
+    GROUP BY owner, type, span, status
 )
-SELECT owner, type, status, min(window_start) AS window_start, max(window_end) AS window_end,
-       max(window_end) - min(window_start) AS duration,
-       count(*) AS jobs, sum(processed_count)::bigint AS records
-FROM numbered
-GROUP BY owner, type, span, status
-ORDER BY owner, type, min(window_start);
+SELECT owner, type, status, s AS window_start, e AS window_end, e - s AS duration, jobs, records
+FROM spans
+ORDER BY owner, type, s;
 
 -- name: throughput
 -- records and completed jobs per period of `every` seconds (aligned to the epoch) in the

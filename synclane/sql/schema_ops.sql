@@ -16,3 +16,10 @@ SELECT max(version) AS version FROM {schema}.schema_version;
 -- name: migration_lock
 -- serialises start-up DDL of processes that start at once (transaction-scoped, released at commit)
 SELECT pg_advisory_xact_lock(hashtext('synclane schema ' || %(schema)s));
+
+-- name: workers_alive
+-- the workers that beat within their expiry, by name and synclane version: asked before a
+-- migration that their statements would not survive (fails on a schema without a workers table)
+SELECT w.name || ' (synclane ' || w.version || ')' FROM {schema}.workers w
+WHERE w.expires_at > now()
+ORDER BY w.name;

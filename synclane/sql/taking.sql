@@ -7,14 +7,16 @@
 -- serves the slots of one worker that ask at the same instant, in one statement and one commit:
 -- first completes each job in %(done_ids)s under its lease guard (its slot has just finished it),
 -- then takes one job for each completion that went through and for each of %(plain)s slots that
--- asked with nothing to complete. It takes the best due jobs of distinct lanes with room (fewer
--- than %(lane_width)s running) from the front of the line, none while the queue is paused and no
--- more than the queue's %(max_running)s allows, and marks them running under the worker's own
--- lease tokens, each in a free slot of its lane (and of its queue, under a cap). Two takers of one
+-- asked with nothing to complete: the best due jobs of distinct lanes with room, from the front of
+-- the line, none while the queue is paused and no more than its %(max_running)s allows, marked
+-- running under the worker's own lease tokens, each in a free slot of its lane (and of its queue,
+-- under a cap). Reads the jobs and the lanes' pauses as they are, writes nothing but jobs: no
+-- hint, no second table, so a caller's open transaction holds nothing it needs. Two takers of one
 -- slot may both pass this query; the running-lane index (or the queue-slot index) lets only one of
 -- them commit: the other gets a unique violation, its completions roll back with it, and it asks
--- again. One row always comes back; every row carries the ids completed, and a taken job's
--- columns (NULL when none).
+-- again. One row always comes back; every row carries the ids completed, and a taken job's columns
+-- (NULL when none). A lease runs from when it is granted (clock_timestamp()), not from the start
+-- of a statement that waited for a row lock.
 WITH done AS (
     UPDATE {schema}.jobs j
     SET status = 'completed', processed_count = j.processed_count + d.count, error = NULL,
@@ -23,26 +25,24 @@ WITH done AS (
     FROM unnest(%(done_ids)s::bigint[], %(done_tokens)s::uuid[], %(done_counts)s::bigint[])
          AS d (id, token, count)
     WHERE j.id = d.id AND j.lease_token = d.token AND j.status = 'running'
-    RETURNING j.id, j.queue, j.lane
+    RETURNING j.id
 ),
 room AS (
+    -- how many jobs to take: one per slot served, none while the queue is paused, and under a cap
+    -- no more than its free slots (every live lease counts, a cancelled page in flight too)
     SELECT CASE WHEN EXISTS (SELECT FROM {schema}.queue_pauses WHERE queue = %(queue)s) THEN 0
                 WHEN %(max_running)s::int IS NULL THEN %(plain)s::int + (SELECT count(*) FROM done)
                 ELSE least(%(plain)s::int + (SELECT count(*) FROM done),
                            %(max_running)s::int
                            - (SELECT count(*) FROM {schema}.jobs
-                              WHERE queue = %(queue)s AND status = 'running'
+                              WHERE queue = %(queue)s AND queue_slot IS NOT NULL
+                                AND lease_token IS NOT NULL
                                 AND id <> ALL (%(done_ids)s::bigint[]))) END AS slots
 ),
 front AS (
-    -- the best due job of each lane among the first %(front)s in taking order, of the lanes with
-    -- room: each lane is looked up in the running-lane index (the jobs completed above no longer
-    -- run: their slots are free at once), the index of live leases of jobs that stopped running
-    -- (a page may still be in flight), and its row in lanes (a throttle's pause holds every job
-    -- of the lane, also one whose next_run_at was written before the pause committed), so the
-    -- cost follows the front, not the fleet
-    SELECT c.id FROM (
-        SELECT DISTINCT ON (f.lane) f.id, f.lane FROM (
+    -- the best due job of each lane among the first %(front)s in taking order, best first
+    SELECT c.id, c.lane FROM (
+        SELECT DISTINCT ON (f.lane) f.id, f.lane, f.priority, f.window_start FROM (
             SELECT id, lane, next_run_at, priority, window_start FROM {schema}.jobs
             WHERE queue = %(queue)s AND status IN ('pending', 'failed')
             ORDER BY priority, window_start DESC NULLS LAST, id
@@ -51,34 +51,38 @@ front AS (
         WHERE f.next_run_at <= now()
         ORDER BY f.lane, f.priority, f.window_start DESC NULLS LAST, f.id
     ) c
-    WHERE (SELECT count(*) FROM {schema}.jobs r
-           WHERE r.queue = %(queue)s AND r.lane = c.lane AND r.status = 'running'
-             AND r.id <> ALL (%(done_ids)s::bigint[])) < %(lane_width)s
-      -- scalar subqueries, not NOT EXISTS: an anti-join may read every lane of the queue (a
-      -- generic plan did, 30 ms a take at 100,000 lanes); these look up each lane of the front
-      AND (SELECT count(*) FROM {schema}.jobs h
-           WHERE h.queue = %(queue)s AND h.lane = c.lane AND h.status <> 'running'
-             AND h.lease_token IS NOT NULL AND h.lease_expires_at > now()) = 0
-      AND coalesce((SELECT p.paused_until FROM {schema}.lanes p
-                    WHERE p.queue = %(queue)s AND p.lane = c.lane), '-infinity') <= now()
+    ORDER BY c.priority, c.window_start DESC NULLS LAST, c.id
+    OFFSET 0
 ),
 taken AS (
-    -- the limit reads the completions first, so they have freed their slots in the running-lane
-    -- index before any job of the same lane is marked running
-    SELECT j.id, j.status, j.lane FROM {schema}.jobs j
-    WHERE j.id = ANY (ARRAY(SELECT id FROM front)) AND j.status IN ('pending', 'failed')
-    ORDER BY j.priority, j.window_start DESC NULLS LAST, j.id
-    LIMIT (SELECT greatest(slots, 0) FROM room)
-    FOR UPDATE SKIP LOCKED
-),
-numbered AS (
-    SELECT id, status, lane, row_number() OVER () AS n FROM taken
+    -- best first, each lane looked up only until enough are locked (the lanes of the front are
+    -- read in that order, one lookup each in the running-lane index, the index of live leases
+    -- of jobs that stopped running, and the lane's pause): fewer than %(lane_width)s running (the
+    -- jobs completed above no longer run: their slots are free at once), no live lease of a job
+    -- that stopped running (its page may still be in flight), no throttle's pause. The limit
+    -- reads the completions first, so they have freed their slots before any job of their lane
+    -- is marked running
+    SELECT j.id, j.status, j.lane, row_number() OVER () AS n FROM (
+        SELECT j.id, j.status, j.lane FROM front c
+        JOIN {schema}.jobs j ON j.id = c.id
+        WHERE j.status IN ('pending', 'failed')
+          AND (SELECT count(*) FROM {schema}.jobs r
+               WHERE r.queue = %(queue)s AND r.lane = c.lane AND r.status = 'running'
+                 AND r.id <> ALL (%(done_ids)s::bigint[])) < %(lane_width)s
+          AND (SELECT count(*) FROM {schema}.jobs h
+               WHERE h.queue = %(queue)s AND h.lane = c.lane AND h.status <> 'running'
+                 AND h.lease_token IS NOT NULL AND h.lease_expires_at > now()) = 0
+          AND coalesce((SELECT p.paused_until FROM {schema}.lanes p
+                        WHERE p.queue = %(queue)s AND p.lane = c.lane), '-infinity') <= now()
+        LIMIT (SELECT greatest(slots, 0) FROM room)
+        FOR UPDATE OF j SKIP LOCKED
+    ) j
 ),
 queue_slots AS MATERIALIZED (
     -- the slots of the queue in use (read only under a cap)
     SELECT queue_slot FROM {schema}.jobs
-    WHERE %(max_running)s::int IS NOT NULL AND queue = %(queue)s AND status = 'running'
-      AND queue_slot IS NOT NULL AND id <> ALL (%(done_ids)s::bigint[])
+    WHERE %(max_running)s::int IS NOT NULL AND queue = %(queue)s AND queue_slot IS NOT NULL
+      AND lease_token IS NOT NULL AND id <> ALL (%(done_ids)s::bigint[])
 ),
 free_queue_slots AS (
     -- free slots of the queue in a random order, so that takers of several processes seldom
@@ -87,7 +91,7 @@ free_queue_slots AS (
     FROM generate_series(0, least(coalesce(%(max_running)s::int, 0),
                                   (SELECT count(*) FROM queue_slots)
                                   + (SELECT count(*) FROM taken)) - 1) s
-    WHERE s NOT IN (SELECT queue_slot FROM queue_slots)
+    WHERE %(max_running)s::int IS NOT NULL AND s NOT IN (SELECT queue_slot FROM queue_slots)
 ),
 tokened AS (
     -- the worker's own tokens, in taking order: after a lost answer it finds what it took
@@ -99,13 +103,13 @@ tokened AS (
                                         AND r.status = 'running'
                                         AND r.id <> ALL (%(done_ids)s::bigint[])))
            END AS lane_slot
-    FROM numbered t
+    FROM taken t
     LEFT JOIN free_queue_slots q ON q.n = t.n
 ),
 next AS (
     UPDATE {schema}.jobs j
     SET status = 'running', leased_by = %(worker)s, lease_token = tokened.token,
-        lease_expires_at = now() + %(lease)s, attempt_count = j.attempt_count + 1,
+        lease_expires_at = clock_timestamp() + %(lease)s, attempt_count = j.attempt_count + 1,
         started_at = now(), heartbeat_at = now(),
         lane_slot = tokened.lane_slot, queue_slot = tokened.queue_slot
     FROM tokened
@@ -113,23 +117,6 @@ next AS (
     RETURNING j.id, j.queue, j.owner, j.lane, j.type, j.mode, j.window_start, j.window_end,
               j.cursor, j.attempt_count, j.throttle_count, j.processed_count, j.lease_token, j.stalls,
               tokened.status AS previous_status, j.priority
-),
-unparked AS (
-    -- unpark_lane, written out for the lanes of the completions: a lane parked as busy gets its
-    -- hint back, its earliest open job other than those taken here (they run from now on). In
-    -- the statement rather than a call per row, which would plan the function's body anew at
-    -- every execution and cost as much as the rest of the take. A lane that is not parked is
-    -- written too, its hint unchanged: a look that read it busy before this commits then finds
-    -- the row changed and does not park it (take_by_lane). The lanes are found by primary key,
-    -- in their order, as a look writes them
-    UPDATE {schema}.lanes l
-    SET due_at = CASE WHEN l.due_at IS NULL
-                      THEN (SELECT min(j.next_run_at) FROM {schema}.jobs j
-                            WHERE j.queue = l.queue AND j.lane = l.lane
-                              AND j.status IN ('pending', 'failed', 'deferred')
-                              AND j.id <> ALL (ARRAY(SELECT id FROM taken)))
-                      ELSE l.due_at END
-    WHERE l.queue = %(queue)s AND l.lane = ANY (ARRAY(SELECT DISTINCT lane FROM done))
 )
 SELECT ARRAY(SELECT id FROM done) AS completed, next.*
 FROM (SELECT) AS one
@@ -137,28 +124,45 @@ LEFT JOIN next ON true
 ORDER BY next.priority, next.window_start DESC NULLS LAST, next.id;
 
 -- name: take_by_lane
--- the same take when the front of the line waits behind busy lanes: reads up to %(visit)s lanes
--- whose hint says a job may be due (lanes.due_at, earliest first), not every lane. Of those it
--- parks the busy ones (full, or held by a live lease) and moves the hint of those with nothing
--- due (or paused by a throttle) to their earliest open job (or the pause's end), so the next look
--- skips them; of the rest it takes the best head (its best due job, or a deferred job's last
--- attempt once nothing else of its lane is open or running). The same pauses, lane width and
--- queue cap; the indexes still refuse a second taker
+-- the same take when the front of the line waits behind busy lanes ("a look"): reads up to
+-- %(visit)s lanes whose hint has come (lanes.due_at, earliest first) and the lanes of up to
+-- %(visit)s wakes that have come (lane_wakes: a job of the lane became due, or the lane may have
+-- room), each from its jobs as they are. Of those whose lanes row it can write without waiting
+-- (another transaction may hold one: it is left alone, wakes and all), it parks the busy ones
+-- (full, or held by a live lease: 'infinity'), moves the hint of those with nothing due (or
+-- paused by a throttle) to their earliest open job (or the pause's end; NULL with nothing open),
+-- and deletes the wakes it has answered; of the rest it takes the best head (its best due job, or
+-- a deferred job's last attempt once nothing else of its lane is open or running). The same
+-- pauses, lane width and queue cap as take_front; the indexes still refuse a second taker
 WITH allowed AS (
     SELECT NOT EXISTS (SELECT FROM {schema}.queue_pauses WHERE queue = %(queue)s)
            AND (%(max_running)s::int IS NULL
                 OR (SELECT count(*) FROM {schema}.jobs
-                    WHERE queue = %(queue)s AND status = 'running') < %(max_running)s::int)
+                    WHERE queue = %(queue)s AND queue_slot IS NOT NULL
+                      AND lease_token IS NOT NULL) < %(max_running)s::int)
            AS ok
 ),
 candidates AS MATERIALIZED (
-    SELECT l.lane, l.paused_until > now() AS paused, l.xmin AS version FROM {schema}.lanes l
-    WHERE l.queue = %(queue)s AND l.due_at <= now() AND (SELECT ok FROM allowed)
-    ORDER BY l.due_at
-    LIMIT %(visit)s
+    (SELECT l.lane FROM {schema}.lanes l
+     WHERE l.queue = %(queue)s AND l.due_at <= now() AND (SELECT ok FROM allowed)
+     ORDER BY l.due_at
+     LIMIT %(visit)s)
+    UNION
+    (SELECT w.lane FROM {schema}.lane_wakes w
+     WHERE w.queue = %(queue)s AND w.due_at <= now() AND (SELECT ok FROM allowed)
+     ORDER BY w.due_at
+     LIMIT %(visit)s)
+),
+mine AS MATERIALIZED (
+    -- the candidates' rows this look may write; one another transaction holds is skipped, never
+    -- waited for (rows in lane order, as every writer of lanes locks them)
+    SELECT l.lane FROM {schema}.lanes l
+    WHERE l.queue = %(queue)s AND l.lane = ANY (ARRAY(SELECT lane FROM candidates))
+    ORDER BY l.lane
+    FOR UPDATE SKIP LOCKED
 ),
 looked AS MATERIALIZED (
-    SELECT c.lane, c.version,
+    SELECT c.lane, p.lane IS NOT NULL AS listed,
            (SELECT count(*) FROM {schema}.jobs r
             WHERE r.queue = %(queue)s AND r.lane = c.lane AND r.status = 'running')
                >= %(lane_width)s
@@ -167,7 +171,16 @@ looked AS MATERIALIZED (
            OR (SELECT count(*) FROM {schema}.jobs h
                WHERE h.queue = %(queue)s AND h.lane = c.lane AND h.status <> 'running'
                  AND h.lease_token IS NOT NULL AND h.lease_expires_at > now()) > 0 AS busy,
-           CASE WHEN c.paused THEN NULL ELSE (SELECT head.id FROM (
+           CASE WHEN p.paused_until > now() THEN p.paused_until END AS paused,
+           -- when the lane is worth a look again with nothing due now: its earliest pending or
+           -- failed job, else its earliest deferred one (that one waits for the others)
+           coalesce((SELECT min(j.next_run_at) FROM {schema}.jobs j
+                     WHERE j.queue = %(queue)s AND j.lane = c.lane
+                       AND j.status IN ('pending', 'failed')),
+                    (SELECT min(j.next_run_at) FROM {schema}.jobs j
+                     WHERE j.queue = %(queue)s AND j.lane = c.lane
+                       AND j.status = 'deferred')) AS earliest,
+           (SELECT head.id FROM (
                 (SELECT j.id, j.priority, j.window_start FROM {schema}.jobs j
                  WHERE j.queue = %(queue)s AND j.lane = c.lane
                    AND j.status IN ('pending', 'failed') AND j.next_run_at <= now()
@@ -186,45 +199,47 @@ looked AS MATERIALIZED (
                         WHERE o.queue = %(queue)s AND o.lane = c.lane
                           AND o.status = 'running' LIMIT 1) IS NULL
                  ORDER BY d.priority, d.window_start DESC NULLS LAST, d.id LIMIT 1)
-                LIMIT 1) head) END AS head
+                LIMIT 1) head) AS head
     FROM candidates c
+    LEFT JOIN {schema}.lanes p ON p.queue = %(queue)s AND p.lane = c.lane
 ),
-parked AS (
-    -- busy lanes leave the hint index until a job of theirs stops running (unpark_lane); the
-    -- lanes are found by primary key (an array, so that no plan reads the whole table). Only
-    -- rows unchanged since this look read them: every statement that stops a job of a lane,
-    -- or makes one due, writes the lane's row (its version, xmin, changes), and when it commits
-    -- between this look's read and its write, PostgreSQL hands this UPDATE the newer row, whose
-    -- version is none of those read. Parking it then would hide the job that stopped, or
-    -- arrived, from every look
-    UPDATE {schema}.lanes l SET due_at = NULL
-    WHERE l.queue = %(queue)s AND l.lane = ANY (ARRAY(SELECT lane FROM looked WHERE busy))
-      AND l.xmin = ANY (ARRAY(SELECT version FROM looked WHERE busy))
+hints AS MATERIALIZED (
+    -- what each lane read says, for the lanes without a job to take now
+    SELECT v.lane, v.listed,
+           -- busy, or only a deferred job due that waits for the lane to be idle: parked
+           CASE WHEN v.busy OR (v.head IS NULL AND v.paused IS NULL AND v.earliest <= now())
+                THEN 'infinity'::timestamptz
+                WHEN v.paused IS NOT NULL THEN greatest(v.paused, v.earliest)
+                ELSE v.earliest END AS due_at
+    FROM looked v
+    WHERE v.busy OR v.paused IS NOT NULL OR v.head IS NULL
+),
+hinted AS (
+    UPDATE {schema}.lanes l SET due_at = h.due_at
+    FROM hints h
+    WHERE l.queue = %(queue)s AND l.lane = h.lane AND l.lane = ANY (ARRAY(SELECT lane FROM mine))
     RETURNING l.lane
 ),
-moved AS (
-    -- free lanes with nothing due now: the hint moves to their earliest open job (or away); a
-    -- paused lane's to when its pause ends, at the earliest
-    UPDATE {schema}.lanes l
-    SET due_at = CASE WHEN l.paused_until > now()
-                      THEN greatest(l.paused_until,
-                                    (SELECT min(j.next_run_at) FROM {schema}.jobs j
-                                     WHERE j.queue = %(queue)s AND j.lane = l.lane
-                                       AND j.status IN ('pending', 'failed', 'deferred')))
-                      ELSE (SELECT min(j.next_run_at) FROM {schema}.jobs j
-                            WHERE j.queue = %(queue)s AND j.lane = l.lane
-                              AND j.status IN ('pending', 'failed', 'deferred')
-                              AND j.next_run_at > now()) END
-    WHERE l.queue = %(queue)s
-      AND l.lane = ANY (ARRAY(SELECT lane FROM looked WHERE NOT busy AND head IS NULL))
-      AND l.xmin = ANY (ARRAY(SELECT version FROM looked WHERE NOT busy AND head IS NULL))
-    RETURNING l.lane
+listed AS (
+    INSERT INTO {schema}.lanes (queue, lane, due_at)
+    SELECT %(queue)s, h.lane, h.due_at FROM hints h WHERE NOT h.listed
+    ORDER BY h.lane
+    ON CONFLICT (queue, lane) DO NOTHING
+    RETURNING lane
+),
+answered AS (
+    -- the wakes of the lanes whose hint this look wrote: what they announced is in that hint
+    -- (a wake it can see was made before its snapshot, as were the changes of the jobs it read)
+    DELETE FROM {schema}.lane_wakes w
+    WHERE w.queue = %(queue)s
+      AND w.lane = ANY (ARRAY(SELECT lane FROM hinted UNION ALL SELECT lane FROM listed))
+    RETURNING w.lane
 ),
 taken AS (
     SELECT j.id, j.status, j.lane FROM {schema}.jobs j
-    WHERE j.id = ANY (ARRAY(SELECT head FROM looked WHERE NOT busy AND head IS NOT NULL))
+    WHERE j.id = ANY (ARRAY(SELECT head FROM looked
+                            WHERE NOT busy AND paused IS NULL AND head IS NOT NULL))
       AND j.status IN ('pending', 'failed', 'deferred')
-      AND (SELECT count(*) FROM parked) + (SELECT count(*) FROM moved) >= 0
     ORDER BY j.priority, j.window_start DESC NULLS LAST, j.id
     LIMIT 1 FOR UPDATE SKIP LOCKED
 ),
@@ -240,10 +255,11 @@ slots AS (
                (SELECT s FROM generate_series(
                     0, least(%(max_running)s::int,
                              (SELECT count(*) FROM {schema}.jobs r
-                              WHERE r.queue = %(queue)s AND r.status = 'running') + 1) - 1) s
+                              WHERE r.queue = %(queue)s AND r.queue_slot IS NOT NULL
+                                AND r.lease_token IS NOT NULL) + 1) - 1) s
                 WHERE s NOT IN (SELECT r.queue_slot FROM {schema}.jobs r
-                                WHERE r.queue = %(queue)s AND r.status = 'running'
-                                  AND r.queue_slot IS NOT NULL)
+                                WHERE r.queue = %(queue)s AND r.queue_slot IS NOT NULL
+                                  AND r.lease_token IS NOT NULL)
                 ORDER BY random() LIMIT 1)
            END AS queue_slot
     FROM taken t
@@ -251,7 +267,7 @@ slots AS (
 next AS (
     UPDATE {schema}.jobs j
     SET status = 'running', leased_by = %(worker)s, lease_token = %(token)s,
-        lease_expires_at = now() + %(lease)s, attempt_count = j.attempt_count + 1,
+        lease_expires_at = clock_timestamp() + %(lease)s, attempt_count = j.attempt_count + 1,
         started_at = now(), heartbeat_at = now(),
         lane_slot = slots.lane_slot, queue_slot = slots.queue_slot
     FROM slots
@@ -261,8 +277,11 @@ next AS (
               j.stalls, slots.status AS previous_status
 )
 -- one row always: how many lanes were looked at (a full look that took nothing may be worth
--- another: it parked or moved every lane it read), and the job taken (NULL when none)
-SELECT (SELECT count(*) FROM looked) AS looked, next.*
+-- another: it parked or moved the lanes it read), what it wrote, and the job taken (NULL: none)
+SELECT (SELECT count(*) FROM looked) AS looked,
+       (SELECT count(*) FROM hinted) + (SELECT count(*) FROM listed)
+           + (SELECT count(*) FROM answered) AS written,
+       next.*
 FROM (SELECT) AS one LEFT JOIN next ON true;
 
 -- name: taken_by_tokens
@@ -287,10 +306,12 @@ JOIN unnest(%(done_ids)s::bigint[], %(done_tokens)s::uuid[]) AS d (id, token)
 -- saves the cursors and counts of the slots of one worker whose pages ended at the same instant,
 -- in one statement and one commit, and renews their leases. Each row keeps its own guard: id,
 -- lease token, status = 'running' (false for a slot that lost its lease: it stops and saves
--- nothing more of the job, only holds and then releases the lost lease; the others are saved), and where its page started: the cursor it replaces and
--- the count before it (sent again after a lost answer, a save finds its own and counts nothing
--- twice, also when a page's next cursor is the one it started from: a page with records moves
--- the count on). Also says whether the queue is paused: the jobs then stop at this page boundary
+-- nothing more of the job, only holds and then releases the lost lease; the others are saved),
+-- and where its page started: the cursor it replaces and the count before it (sent again after a
+-- lost answer, a save finds its own and counts nothing twice, also when a page's next cursor is
+-- the one it started from: a page with records moves the count on). Also says whether the queue
+-- is paused, and until when the job's lane is paused by a throttle of a sibling (NULL: it is
+-- not): the job then stops at this page boundary
 WITH given AS (
     SELECT * FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(expected)s::text[],
                          %(counted)s::bigint[], %(cursors)s::text[], %(counts)s::bigint[])
@@ -299,26 +320,32 @@ WITH given AS (
 saved AS (
     UPDATE {schema}.jobs j
     SET cursor = g.cursor, processed_count = j.processed_count + g.count, stalls = 0,
-        heartbeat_at = now(), lease_expires_at = now() + %(lease)s
+        heartbeat_at = now(), lease_expires_at = clock_timestamp() + %(lease)s
     FROM given g
     WHERE j.id = g.id AND j.lease_token = g.token AND j.status = 'running'
       AND j.cursor IS NOT DISTINCT FROM g.expected AND j.processed_count = g.counted
-    RETURNING j.id
+    RETURNING j.id, j.lane
 )
-SELECT g.id IN (SELECT id FROM saved) OR EXISTS (
+SELECT s.id IS NOT NULL OR EXISTS (
            SELECT FROM {schema}.jobs j
            WHERE j.id = g.id AND j.lease_token = g.token AND j.status = 'running'
              AND j.cursor IS NOT DISTINCT FROM g.cursor
              AND j.processed_count = g.counted + g.count) AS saved,
-       EXISTS (SELECT FROM {schema}.queue_pauses WHERE queue = %(queue)s) AS paused
+       EXISTS (SELECT FROM {schema}.queue_pauses WHERE queue = %(queue)s) AS paused,
+       -- the lane by primary key (a save sent again finds the job's lane in its row)
+       (SELECT l.paused_until FROM {schema}.lanes l
+        WHERE l.queue = %(queue)s AND l.paused_until > now()
+          AND l.lane = coalesce(s.lane, (SELECT j.lane FROM {schema}.jobs j WHERE j.id = g.id)))
+           AS lane_paused_until
 FROM given g
+LEFT JOIN saved s ON s.id = g.id
 ORDER BY g.number;
 
 -- name: heartbeats
 -- renews the leases of the slots of one worker whose pages are slow, in one statement, each
 -- under its own guard; returns the ids renewed (a missing id lost its lease)
 UPDATE {schema}.jobs j
-SET heartbeat_at = now(), lease_expires_at = now() + %(lease)s
+SET heartbeat_at = now(), lease_expires_at = clock_timestamp() + %(lease)s
 FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS g (id, token)
 WHERE j.id = g.id AND j.lease_token = g.token AND j.status = 'running'
 RETURNING j.id;
@@ -333,9 +360,15 @@ WITH done AS (
         leased_by = NULL, lease_token = NULL, lease_expires_at = NULL
     WHERE id = %(id)s AND lease_token = %(token)s AND status = 'running'
     RETURNING id, queue, lane
+),
+woken AS (
+    -- its lane has room now: a look that parked it reads it again (take_front's completions
+    -- are told by the worker instead, notify_freed_lanes)
+    INSERT INTO {schema}.lane_wakes (queue, lane, due_at)
+    SELECT d.queue, d.lane, now() FROM done d
+    JOIN {schema}.lanes l ON l.queue = d.queue AND l.lane = d.lane AND l.due_at = 'infinity'
 )
-SELECT EXISTS (SELECT FROM done WHERE {schema}.unpark_lane(queue, lane, NULL, id) >= 0)
-    OR EXISTS (
+SELECT EXISTS (SELECT FROM done) OR EXISTS (
     SELECT FROM {schema}.jobs
     WHERE id = %(id)s AND status = 'completed' AND completed_at > now() - %(lease)s
       AND NOT EXISTS (SELECT FROM done)
@@ -359,8 +392,6 @@ WITH failed AS (
     RETURNING id, queue, lane, status, next_run_at
 )
 SELECT status, next_run_at FROM failed
-WHERE {schema}.unpark_lane(queue, lane, CASE WHEN status <> 'abandoned' THEN next_run_at END,
-                           id) >= 0
 UNION ALL
 SELECT status, next_run_at FROM {schema}.jobs
 WHERE id = %(id)s AND status IN ('failed', 'deferred', 'abandoned') AND error = %(error)s
@@ -416,8 +447,7 @@ WITH abandoned AS (
     WHERE id = %(id)s AND lease_token = %(token)s AND status = 'running'
     RETURNING id, queue, lane
 )
-SELECT EXISTS (SELECT FROM abandoned WHERE {schema}.unpark_lane(queue, lane, NULL, id) >= 0)
-    OR EXISTS (
+SELECT EXISTS (SELECT FROM abandoned) OR EXISTS (
     SELECT FROM {schema}.jobs
     WHERE id = %(id)s AND status = 'abandoned' AND error = %(error)s
       AND completed_at > now() - %(lease)s AND NOT EXISTS (SELECT FROM abandoned)
@@ -426,7 +456,9 @@ SELECT EXISTS (SELECT FROM abandoned WHERE {schema}.unpark_lane(queue, lane, NUL
 -- name: hand_back
 -- a stopping worker returns its job with its cursor, due at once (or when its lane's pause ends);
 -- a stop is not a failed attempt. A hand-back whose page was abandoned before it ended, with no
--- page saved under this lease, is counted (stalls; a saved page resets it)
+-- page saved under this lease, is counted (stalls; a saved page resets it). Sent again after a
+-- lost answer, it finds its own commit by the lease's token (release_key), also once another
+-- worker has taken the job
 WITH back AS (
     UPDATE {schema}.jobs j
     SET status = CASE WHEN %(previous_status)s = 'deferred' THEN 'deferred' ELSE 'pending' END,
@@ -435,17 +467,22 @@ WITH back AS (
                                (SELECT l.paused_until FROM {schema}.lanes l
                                 WHERE l.queue = j.queue AND l.lane = j.lane)),
         stalls = stalls + CASE WHEN %(stalled)s THEN 1 ELSE 0 END,
+        release_key = lease_token,
         leased_by = NULL, lease_token = NULL, lease_expires_at = NULL
     WHERE id = %(id)s AND lease_token = %(token)s AND status = 'running'
     RETURNING id, queue, lane, next_run_at
 )
-SELECT id FROM back WHERE {schema}.unpark_lane(queue, lane, next_run_at, id) >= 0;
+SELECT id FROM back
+UNION ALL
+SELECT id FROM {schema}.jobs
+WHERE id = %(id)s AND release_key = %(token)s AND NOT EXISTS (SELECT FROM back);
 
 -- name: wait_for_rate
 -- the lane's rate leaves no room for another page start yet: the job goes back in line with its
 -- cursor and its attempt, due when the lane has room, and the lane's other open jobs wait as long
 -- (so that no slot takes one only to hand it back), or until its pause ends if that is later; the
--- slot takes something else meanwhile
+-- slot takes something else meanwhile. Sent again after a lost answer, it finds its own commit by
+-- the lease's token (release_key) and says until when the job waits
 WITH back AS (
     UPDATE {schema}.jobs j
     SET status = CASE WHEN %(previous_status)s = 'deferred' THEN 'deferred' ELSE 'pending' END,
@@ -453,6 +490,7 @@ WITH back AS (
         next_run_at = greatest(now() + %(delay)s,
                                (SELECT l.paused_until FROM {schema}.lanes l
                                 WHERE l.queue = j.queue AND l.lane = j.lane)),
+        release_key = lease_token,
         leased_by = NULL, lease_token = NULL, lease_expires_at = NULL
     WHERE id = %(id)s AND lease_token = %(token)s AND status = 'running'
     RETURNING id, queue, lane, next_run_at
@@ -466,7 +504,9 @@ lane AS (
     RETURNING o.id
 )
 SELECT next_run_at, (SELECT count(*) FROM lane) AS pushed FROM back
-WHERE {schema}.unpark_lane(queue, lane, next_run_at, id) >= 0;
+UNION ALL
+SELECT next_run_at, 0 FROM {schema}.jobs
+WHERE id = %(id)s AND release_key = %(token)s AND NOT EXISTS (SELECT FROM back);
 
 -- name: lane_page_starts
 -- the page starts of the slots of one worker that fall due at the same instant, in one
@@ -496,7 +536,7 @@ ORDER BY w.number;
 -- requeued since): a lane stays held until the page that holds it has stopped. Only the lease's
 -- end moves; the status guard of every write still refuses this worker (it is not 'running')
 UPDATE {schema}.jobs
-SET lease_expires_at = now() + %(lease)s
+SET lease_expires_at = clock_timestamp() + %(lease)s
 WHERE id = %(id)s AND lease_token = %(token)s AND status <> 'running'
 RETURNING id;
 
@@ -509,15 +549,13 @@ WITH released AS (
     WHERE id = %(id)s AND lease_token = %(token)s AND status <> 'running'
     RETURNING id, queue, lane, status, next_run_at
 )
-SELECT id FROM released
-WHERE {schema}.unpark_lane(
-    queue, lane, CASE WHEN status IN ('pending', 'failed', 'deferred') THEN next_run_at END, id
-) >= 0;
+SELECT id FROM released;
 
 -- name: reclaim_expired
 -- jobs whose worker stopped renewing its lease go back in line, due at once (or when the lane's
 -- pause ends); the attempt counts as failed (after_failed_attempt); the dead worker's late writes
--- no longer match the cleared token
+-- no longer match the cleared token. Each reclaimed job keeps the reclaim's %(key)s
+-- (release_key): after its commit went unanswered, the worker finds by it whether it committed
 WITH reclaimed AS (
     UPDATE {schema}.jobs j
     SET status = {schema}.after_failed_attempt(attempt_count, %(max_attempts)s),
@@ -527,15 +565,20 @@ WITH reclaimed AS (
         next_run_at = greatest(now(),
                                (SELECT l.paused_until FROM {schema}.lanes l
                                 WHERE l.queue = j.queue AND l.lane = j.lane)),
+        release_key = %(key)s,
         leased_by = NULL, lease_token = NULL, lease_expires_at = NULL
     WHERE queue = %(queue)s AND status = 'running' AND lease_expires_at < now()
     RETURNING id, queue, owner, lane, type, mode, window_start, window_end, status,
               attempt_count, error, next_run_at
 )
 SELECT id, owner, lane, type, mode, window_start, window_end, status, attempt_count, error
-FROM reclaimed
-WHERE {schema}.unpark_lane(
-    queue, lane, CASE WHEN status <> 'abandoned' THEN next_run_at END, id) >= 0;
+FROM reclaimed;
+
+-- name: reclaimed_under_key
+-- whether a reclaim whose commit went unanswered committed: its jobs carry its key (a later
+-- take or finish of theirs leaves release_key alone; only another release changes it)
+SELECT EXISTS (SELECT FROM {schema}.jobs
+               WHERE id = ANY (%(ids)s::bigint[]) AND release_key = %(key)s) AS committed;
 
 -- name: release_expired_holds
 -- leases still held on jobs that stopped running (a cancelled job whose page was in flight,
@@ -549,10 +592,70 @@ WITH released AS (
       AND lease_expires_at < now()
     RETURNING id, queue, lane, status, next_run_at
 )
-SELECT id FROM released
-WHERE {schema}.unpark_lane(
-    queue, lane, CASE WHEN status IN ('pending', 'failed', 'deferred') THEN next_run_at END, id
-) >= 0;
+SELECT id FROM released;
+
+-- name: wake_parked_lanes
+-- the lanes parked as busy (lanes.due_at = 'infinity') that have room now, whoever gave it to them
+-- (a worker, a user's UPDATE or DELETE): each gets a wake, so the next look reads it again. Sent
+-- every poll_interval, it bounds how long a lane freed without a wake stays parked; a lane with a
+-- wake already waiting gets no second one. Writes only wakes: it never waits for a lock
+INSERT INTO {schema}.lane_wakes (queue, lane, due_at)
+SELECT l.queue, l.lane, now() FROM {schema}.lanes l
+WHERE l.queue = %(queue)s AND l.due_at = 'infinity'
+  AND (SELECT count(*) FROM {schema}.jobs r
+       WHERE r.queue = %(queue)s AND r.lane = l.lane AND r.status = 'running') < %(lane_width)s
+  AND (SELECT count(*) FROM {schema}.jobs h
+       WHERE h.queue = %(queue)s AND h.lane = l.lane AND h.status <> 'running'
+         AND h.lease_token IS NOT NULL AND h.lease_expires_at > now()) = 0
+  AND NOT EXISTS (SELECT FROM {schema}.lane_wakes w
+                  WHERE w.queue = %(queue)s AND w.lane = l.lane AND w.due_at <= now())
+RETURNING lane;
+
+-- name: fold_wakes
+-- turns up to %(limit)s lanes' wakes into their hints (the earlier of the two; a parked lane's
+-- wake un-parks it) and deletes them, so that wakes do not pile up while the front of the line
+-- serves every take and no look reads them. A lane whose row another transaction holds keeps its
+-- wakes for the next fold or look; the lanes are locked in lane order, as every writer does.
+-- Returns how many lanes it folded
+WITH batch AS MATERIALIZED (
+    SELECT w.lane, min(w.due_at) AS due_at FROM {schema}.lane_wakes w
+    WHERE w.queue = %(queue)s
+    GROUP BY w.lane
+    ORDER BY w.lane
+    LIMIT %(limit)s
+),
+mine AS MATERIALIZED (
+    SELECT l.lane FROM {schema}.lanes l
+    WHERE l.queue = %(queue)s AND l.lane = ANY (ARRAY(SELECT lane FROM batch))
+    ORDER BY l.lane
+    FOR UPDATE SKIP LOCKED
+),
+listed AS MATERIALIZED (
+    SELECT b.lane, b.due_at,
+           EXISTS (SELECT FROM {schema}.lanes x WHERE x.queue = %(queue)s AND x.lane = b.lane)
+               AS listed
+    FROM batch b
+),
+hinted AS (
+    UPDATE {schema}.lanes l SET due_at = least(l.due_at, b.due_at)
+    FROM listed b
+    WHERE l.queue = %(queue)s AND l.lane = b.lane AND l.lane = ANY (ARRAY(SELECT lane FROM mine))
+    RETURNING l.lane
+),
+added AS (
+    INSERT INTO {schema}.lanes (queue, lane, due_at)
+    SELECT %(queue)s, b.lane, b.due_at FROM listed b WHERE NOT b.listed
+    ORDER BY b.lane
+    ON CONFLICT (queue, lane) DO NOTHING
+    RETURNING lane
+),
+answered AS (
+    DELETE FROM {schema}.lane_wakes w
+    WHERE w.queue = %(queue)s
+      AND w.lane = ANY (ARRAY(SELECT lane FROM hinted UNION ALL SELECT lane FROM added))
+    RETURNING w.lane
+)
+SELECT (SELECT count(*) FROM batch) AS lanes, (SELECT count(*) FROM answered) AS wakes;
 
 -- name: idle_check
 -- how many jobs of these queues run now, in any process, and how long until the next open one

@@ -82,23 +82,35 @@ ORDER BY w.name;
 SELECT pg_notify({channel}, queue) FROM unnest(%(queues)s::text[]) AS queue;
 
 -- name: notify_freed_lanes
--- wakes idle slots when a lane that finished jobs of %(done_ids)s (and whose next job the finisher
--- did not take: not one of %(taken_lanes)s) has a pending or failed job that is due, and a live
--- worker of the queue has a slot that waits (it says so at once: worker_waiting). Reads only
--- when there is nothing to tell or nobody to tell it, so under full load it costs no commit
+-- after take statements completed the jobs of %(done_ids)s, for the lanes they freed whose next
+-- job the finisher did not take (not one of %(taken_lanes)s): a lane a look parked as busy gets a
+-- wake (the next look reads it again), and idle slots are woken when such a lane has a pending or
+-- failed job that is due and a live worker of the queue has a slot that waits (it says so at
+-- once: worker_waiting). Writes nothing when no look parked them, so under full load it costs
+-- no commit
+WITH freed AS MATERIALIZED (
+    SELECT DISTINCT d.lane FROM {schema}.jobs d
+    WHERE d.id = ANY (%(done_ids)s::bigint[]) AND d.lane <> ALL (%(taken_lanes)s::text[])
+),
+woken AS (
+    INSERT INTO {schema}.lane_wakes (queue, lane, due_at)
+    SELECT %(queue)s, f.lane, now() FROM freed f
+    JOIN {schema}.lanes l ON l.queue = %(queue)s AND l.lane = f.lane AND l.due_at = 'infinity'
+    RETURNING lane
+)
 SELECT pg_notify({channel}, %(queue)s)
 WHERE EXISTS (
     SELECT FROM {schema}.workers w
     WHERE %(queue)s = ANY (w.queues) AND w.waiting > 0 AND w.expires_at > now()
 )
 AND EXISTS (
-    SELECT FROM {schema}.jobs d
-    WHERE d.id = ANY (%(done_ids)s::bigint[]) AND d.lane <> ALL (%(taken_lanes)s::text[])
-      AND EXISTS (
+    SELECT FROM freed f
+    WHERE EXISTS (
           SELECT FROM {schema}.jobs j
-          WHERE j.queue = %(queue)s AND j.lane = d.lane AND j.status IN ('pending', 'failed')
+          WHERE j.queue = %(queue)s AND j.lane = f.lane AND j.status IN ('pending', 'failed')
             AND j.next_run_at <= now())
-);
+)
+AND (SELECT count(*) FROM woken) >= 0;
 
 -- name: metrics_jobs
 -- the jobs that still need something, by queue and status, with how many of them are due and

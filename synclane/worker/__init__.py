@@ -35,6 +35,7 @@ from synclane.queues import Queue
 from synclane.wakeup import notify_work_async
 from synclane.worker.lease import Lease, LeaseLost, PageWrites, Writer
 from synclane.worker.presence import FreedLanes, Presence
+from synclane.worker.reclaim import reclaim
 from synclane.worker.slot import Crew, Slot, describe, retry_delay
 from synclane.worker.taker import Batch, LeasedJob, Taker
 
@@ -46,6 +47,9 @@ log = logging.getLogger("synclane")
 # it then logs the outage and backs off, instead of waiting silently inside the pool (whose
 # default is 30 s). A healthy pool always has a connection for every slot.
 CONNECTION_WAIT = 3.0
+# How many lanes' wakes one fold_wakes statement turns into hints (a first plan of many owners
+# wakes a lane each: they are folded in statements of this size, one after the other).
+FOLD_BATCH = 5000
 
 
 class Wake(asyncio.Event):
@@ -116,6 +120,7 @@ class Worker:
             if callable(observe := getattr(listener, "observe_take", None))
         ]
         self.report: Counter[str] = Counter()
+        self.interrupted_by: signal.Signals | None = None  # the signal that stopped it, if one
         self._stop_requested = False
         self._stop: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -339,6 +344,7 @@ class Worker:
 
     def _on_signal(self, sig: signal.Signals) -> None:
         log.info("worker %s received %s: handing jobs back", self.name, sig.name)
+        self.interrupted_by = self.interrupted_by or sig
         self.stop()
 
     async def _stop_later(self, after: timedelta) -> None:
@@ -517,32 +523,48 @@ class Worker:
             self._nudge()
         return added is not None
 
+    async def _mend_lanes(self, queue: Queue) -> int:
+        """The lanes' hints, kept a cache (docs/workers.md, "Where a look reads"): a parked lane
+        that has room again gets a wake, whoever freed it, and idle workers hear of it; wakes no
+        look has read become hints. Returns how many lanes were woken."""
+        assert self._crew is not None
+        store = self.database.store
+        async with self._crew.writer.pool.connection() as conn:
+            cur = await conn.execute(
+                store.query("wake_parked_lanes"),
+                {"queue": queue.name, "lane_width": queue.settings.lane_width},
+            )
+            woken = len(await cur.fetchall())
+            if woken:
+                await notify_work_async(conn, store, [queue.name])
+            while True:
+                cur = await conn.execute(
+                    store.query("fold_wakes"), {"queue": queue.name, "limit": FOLD_BATCH}
+                )
+                row = await cur.fetchone()
+                if row is None or row[0] < FOLD_BATCH or not row[1]:
+                    return woken
+
     async def _reclaim_loop(self) -> None:
         assert self._crew is not None
-        pool, store = self._crew.writer.pool, self.database.store
+        writer = self._crew.writer
         while not self.stopping:
             for queue in self.queues:
-                params = {"queue": queue.name, "max_attempts": queue.settings.max_attempts}
                 try:
-                    async with pool.connection() as conn:
-                        cur = await conn.execute(store.query("reclaim_expired"), params)
-                        rows = await cur.fetchall()
-                        names = [d.name for d in cur.description or []]
-                        released = await conn.execute(
-                            store.query("release_expired_holds"), {"queue": queue.name}
-                        )
-                        freed = await released.fetchall()
-                        if rows or freed:  # due again: idle workers elsewhere may take them
-                            await notify_work_async(conn, store, [queue.name])
+                    woken = await self._mend_lanes(queue)
                 except psycopg.Error as error:
+                    log.warning("mending the lanes' hints failed: %s", error_text(error))
+                    woken = 0
+                try:
+                    rows, freed = await reclaim(writer, queue)
+                except (psycopg.Error, LeaseLost) as error:
                     log.warning("reclaiming expired leases failed: %s", error_text(error))
                     continue
-                for values in rows:
-                    row = dict(zip(names, values, strict=True))
+                for row in rows:
                     self.report["reclaimed"] += 1
                     job = SimpleNamespace(queue=queue.name, **row)
                     log.warning("%s: lease expired, reclaimed as %s", describe(job), row["status"])  # type: ignore[arg-type]
                     self._emit("reclaimed", job, status=row["status"], error=row["error"])
-                if rows or freed:
+                if rows or freed or woken:
                     self._nudge()
             await self._pause(self.poll_interval.total_seconds())

@@ -104,6 +104,17 @@ class PageStart:
     key: UUID = field(default_factory=uuid4)
 
 
+@dataclass(frozen=True)
+class Saved:
+    """What a page save learnt besides its own guard: whether the job's queue is paused, and
+    until when its lane is paused by a throttle (None: it is not). Either stops the job at this
+    page boundary."""
+
+    saved: bool
+    queue_paused: bool = False
+    lane_paused_until: datetime | None = None
+
+
 SAVES = 2
 
 
@@ -118,13 +129,12 @@ class PageWrites:
         self.lease = lease
         # Two saves may be in flight: a page that ends while one is sent goes at once rather
         # than waiting for that one's commit (docs/performance.md measures both).
-        self.saves: Shared[PageSave, tuple[bool, bool]] = Shared(self._save, in_flight=SAVES)
+        self.saves: Shared[PageSave, Saved] = Shared(self._save, in_flight=SAVES)
         self.beats: Shared[tuple[int, UUID], bool] = Shared(self._beat)
         # Page starts under a lane rate that fall due together share one statement too.
         self.starts: Shared[PageStart, float] = Shared(self._start)
 
-    async def save(self, page: PageSave) -> tuple[bool, bool]:
-        """(saved, the queue is paused)."""
+    async def save(self, page: PageSave) -> Saved:
         return await self.saves.ask(page)
 
     async def beat(self, job_id: int, token: UUID) -> bool:
@@ -143,7 +153,7 @@ class PageWrites:
     def _patience(self) -> float:
         return self.lease.total_seconds() / 2
 
-    async def _save(self, pages: list[PageSave]) -> list[tuple[bool, bool]]:
+    async def _save(self, pages: list[PageSave]) -> list[Saved]:
         params = {
             "queue": self.queue,
             "lease": self.lease,
@@ -155,9 +165,12 @@ class PageWrites:
             "counts": [p.count for p in pages],
         }
 
-        async def statement(conn: psycopg.AsyncConnection[Any]) -> list[tuple[bool, bool]]:
+        async def statement(conn: psycopg.AsyncConnection[Any]) -> list[Saved]:
             cur = await conn.execute(self.writer.store.query("save_pages"), params, prepare=True)
-            return [(bool(saved), bool(paused)) for saved, paused in await cur.fetchall()]
+            return [
+                Saved(bool(saved), bool(paused), until)
+                for saved, paused, until in await cur.fetchall()
+            ]
 
         return await self.writer.run("save_pages", statement, self._patience)
 
@@ -221,19 +234,19 @@ class Lease:
         if time.monotonic() - self.renewed >= self.duration.total_seconds():
             raise LeaseLost("the lease ran out while this worker was not running (paused?)")
 
-    async def save_page(self, expected: str | None, counted: int, cursor: str, count: int) -> bool:
+    async def save_page(self, expected: str | None, counted: int, cursor: str, count: int) -> Saved:
         """Saves the cursor and the count after a page and renews the lease, in the statement
         the worker's slots whose pages end now share; `expected` and `counted` are the cursor
         the page started from and the job's count before it (a save sent again finds its own,
-        also when the page kept its cursor). Returns whether the queue is paused (the job then
-        stops at this page boundary)."""
+        also when the page kept its cursor). Returns whether the queue or the lane is paused
+        (the job then stops at this page boundary)."""
         sent = time.monotonic()
         page = PageSave(self.id, self.token, expected, counted, cursor, count)
-        saved, paused = await self.pages.save(page)
-        if not saved:
+        saved = await self.pages.save(page)
+        if not saved.saved:
             raise LeaseLost("the job was taken over or cancelled")
         self.renewed = sent
-        return paused
+        return saved
 
     async def heartbeat(self) -> None:
         """Renews the lease while a slow page is in flight (shared like a page save)."""

@@ -43,7 +43,8 @@ class Stopping(Exception):
 
 
 class Paused(Stopping):
-    """The job's queue was paused: hand the job back at this page boundary."""
+    """The job's queue, or its lane, was paused: hand the job back at this page boundary. The
+    message says which."""
 
 
 class RateWait(Exception):
@@ -132,7 +133,10 @@ def retry_delay(attempt: int, base: timedelta, cap: timedelta) -> timedelta:
     """base · 2^(attempt−1), capped, with up to ±10 % jitter so that a failed lane does not
     retry in lockstep with its neighbours."""
     exponent = max(attempt - 1, 0)
-    delay = cap if exponent >= 40 else min(base * (2**exponent), cap)
+    # compared in seconds: base · 2^exponent soon exceeds what a timedelta holds (a day's base
+    # doubled 30 times), where its cap is long reached
+    doubled = base.total_seconds() * 2.0 ** min(exponent, 1000)
+    delay = cap if doubled >= cap.total_seconds() else base * (2**exponent)
     return delay * random.uniform(0.9, 1.1)
 
 
@@ -269,7 +273,7 @@ class Slot:
                     if taken.mode == "initial" and crew.first_load is not None:
                         await crew.first_load(taken)
                     return following
-                paused = await lease.save_page(
+                saved = await lease.save_page(
                     job.cursor, job.processed_count, page.next_cursor, page.count
                 )
                 progressed = True
@@ -283,10 +287,14 @@ class Slot:
                 job = dataclasses.replace(
                     job, cursor=page.next_cursor, processed_count=job.processed_count + page.count
                 )
-                if paused:
-                    raise Paused
-        except Paused:
-            await self.hand_back(lease, job.cursor, None, progressed, why="its queue is paused")
+                if saved.queue_paused:
+                    raise Paused("its queue is paused")
+                if saved.lane_paused_until is not None:
+                    # A sibling of the lane was told to slow down: so is this job, at once.
+                    until = saved.lane_paused_until.isoformat()
+                    raise Paused(f"its lane is paused by a throttle until {until}")
+        except Paused as paused:
+            await self.hand_back(lease, job.cursor, None, progressed, why=str(paused))
         except RateWait as waiting:
             await self._wait_for_rate(lease, waiting.seconds, job.cursor)
         except Stopping:

@@ -162,9 +162,10 @@ async def take_by_lane(
     await cur.execute(query, [params[name] for name in names], prepare=True)
     row = await cur.fetchone()
     assert row is not None, "take_by_lane always answers one row"
-    looked = row.pop("looked")
+    looked, written = row.pop("looked"), row.pop("written")
     job = None if row["id"] is None else LeasedJob(**row)
-    return job, job is None and looked >= LANES_A_LOOK
+    # another look may find more: this one read a full batch and changed what the next one reads
+    return job, job is None and looked >= LANES_A_LOOK and written > 0
 
 
 async def taken_by_tokens(

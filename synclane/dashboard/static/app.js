@@ -75,7 +75,12 @@
     if (!iso) return "…";
     return iso.slice(11, 19) === "00:00:00" ? iso.slice(0, 10) : iso.slice(0, 16).replace("T", " ");
   }
-  const windowText = (start, end) => (start || end ? day(start) + " → " + day(end) : dash);
+  // A window breaks after its arrow when the table is short of room, never inside a time.
+  const windowText = (start, end) =>
+    start || end
+      ? h("span", null, h("span", { class: "nowrap" }, day(start) + " →"), " ",
+          h("span", { class: "nowrap" }, day(end)))
+      : dash;
 
   // A period in seconds as its largest whole unit: 1s, 90s, 1m, 1h, 1d.
   function period(seconds) {
@@ -185,9 +190,12 @@
         }),
       ),
     );
-    document.getElementById("table-size").textContent =
-      "The table holds about " + state.summary.table_rows_estimate.toLocaleString("en") +
-      " rows in all (PostgreSQL's estimate).";
+    const size = state.summary.table_rows;
+    document.getElementById("table-size").textContent = size.counted
+      ? "The table holds " + size.rows.toLocaleString("en") + (size.rows === 1 ? " job" : " jobs") +
+        " in all."
+      : "The table holds about " + size.rows.toLocaleString("en") +
+        " jobs in all (PostgreSQL's estimate).";
   }
 
   // A paused queue: since when, by whom, why, and Resume; one that takes jobs: a box for the
@@ -208,7 +216,7 @@
         cell(p ? when(p.paused_at) : ""),
         cell(p ? p.paused_by : "", "by"),
         cell(p ? longText("pause\u0000" + q.queue, p.reason) : "", "text why"),
-        cell(q.declared ? (p ? resumeButton(q.queue) : pauseBox(q.queue)) : ""),
+        cell(q.declared ? (p ? resumeButton(q.queue) : pauseBox(q.queue)) : "", "action"),
       );
     });
   }
@@ -231,7 +239,7 @@
       type: "text",
       class: "reason",
       placeholder: "why? (required)",
-      maxLength: 2000,
+      maxLength: 1000, // app.pause keeps a reason of up to 1,000 characters
       autocomplete: "off",
       required: true,
       value: reasons.get(queue) || "",
@@ -294,7 +302,7 @@
         cell(h("span", null, bar, a.percent === null ? "" : " " + a.percent + "%")),
         cell(a.slices_failed, "num"),
         cell(a.records, "num"),
-        cell(a.loaded_from ? windowText(a.loaded_from, a.loaded_to) : dash),
+        cell(a.loaded_from ? windowText(a.loaded_from, a.loaded_to) : dash, "window"),
         cell(accountWhy(a), "text"),
         cell(
           stuck
@@ -302,6 +310,7 @@
                 owner: a.owner,
               })
             : "",
+          "action",
         ),
       );
     });
@@ -319,7 +328,7 @@
         l.job_id === null
           ? cell(h("span", { class: "idle" }, l.paused_until ? "throttled" : "idle"))
           : cell("#" + l.job_id + " " + l.type + " for " + l.owner),
-        cell(l.job_id === null ? "" : windowText(l.window_start, l.window_end)),
+        cell(l.job_id === null ? "" : windowText(l.window_start, l.window_end), "window"),
         cell(l.cursor),
         cell(l.processed_count, "num"),
         cell(l.leased_by),
@@ -397,6 +406,7 @@
             : f.next_retry
               ? h("span", { class: "label" }, "retries by itself ", when(f.next_retry, true))
               : "",
+          "action",
         ),
       );
     });
@@ -443,16 +453,18 @@
         cell(filterLink(j.owner, { owner: j.owner })),
         cell(j.lane),
         cell(j.type + (j.mode === "initial" ? "" : " (" + j.mode + ")")),
-        cell(windowText(j.window_start, j.window_end)),
+        cell(windowText(j.window_start, j.window_end), "window"),
         cell(j.cursor),
         cell(j.processed_count, "num"),
         cell(j.attempt_count + (j.throttle_count ? " +" + j.throttle_count + " throttled" : "")),
-        cell(j.status === "pending" || j.status === "failed" ? when(j.next_run_at, true) : ""),
+        // the server sends a next run only for a job that waits to be taken
+        cell(j.next_run_at ? when(j.next_run_at, true) : "", "next-run"),
         errorCell(j),
         cell(
           j.offer_requeue && declared(j.queue)
             ? requeueButton("Requeue", { queue: j.queue, job: j.id }, { jobId: j.id })
             : "",
+          "action",
         ),
       ),
     );
