@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
-from synclane.connection import Database, check_dsn, redact
+from synclane.connection import Database, check_dsn, creating_allowed, redact
 from synclane.errors import DatabaseUnavailable, OwnerSourceError, SchemaError
 from synclane.events import Listener
 from synclane.model import (
@@ -81,7 +81,7 @@ class SyncLane(Reads):
         self.catalog = Catalog()
         self._planner = Planner(self.database, self.catalog, self.owners_timeout)
         self._operations = Operations(self.database, self.catalog, self.owners_timeout)
-        if create_schema:
+        if create_schema and creating_allowed():  # not while a read-only command loads it
             self.migrate()
 
     def __repr__(self) -> str:

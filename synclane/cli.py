@@ -4,9 +4,11 @@ Exit status: 0 done; 2 a mistake on the command line (an option's value, a name 
 table does not know, a database that cannot be reached: one line on stderr names it); 3 `work
 --until-idle` or `plan --work` stopped with jobs left open or waiting for a human (the last
 lines say which and why); 1 an unexpected error (one line; `--traceback` shows where); 130
-interrupted by Ctrl-C (the commands that run a while hand their jobs back first; SIGTERM stops
-a worker as asked, with its usual status). Results go to stdout; log lines and the progress bar
-to stderr (synclane.terminal).
+interrupted by Ctrl-C (the commands that run a while hand their jobs back first). SIGTERM and
+SIGHUP end `work`, `demo` and `dashboard` with their usual status and any other command with
+128 + the signal's number, after the same clean-up (the embedded PostgreSQL is stopped if
+nothing else uses it). Results go to stdout; log lines and the progress bar to stderr
+(synclane.terminal).
 
 Here: the parser and `main`. The commands are in `cli_work` (those that run a while) and
 `cli_table` (one-shot reads and fixes of the table); option values and shared help in `cli_args`.
@@ -15,6 +17,7 @@ Here: the parser and `main`. The commands are in `cli_work` (those that run a wh
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import traceback
@@ -25,7 +28,16 @@ import psycopg
 
 from synclane import cli_args, cli_table, cli_work
 from synclane.app import DatabaseUnavailable, OwnerSourceError
-from synclane.cli_args import MAX_LIMIT, PROXY_HELP, PUBLIC_HOST_HELP, REMOTE_HELP, UsageError
+from synclane.cli_args import (
+    MAX_LIMIT,
+    PROXY_HELP,
+    PUBLIC_HOST_HELP,
+    REMOTE_HELP,
+    Stopped,
+    UsageError,
+    stopping_on_signals,
+)
+from synclane.connection import reading_only
 from synclane.errors import SchemaError, first_line
 from synclane.model import (
     MAX_REASON_LENGTH,
@@ -361,7 +373,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     term = Terminal(-1 if args.quiet else min(args.verbose, 1))
     term.setup_logging()
     try:
-        status: int = args.run(args, term)
+        with stopping_on_signals(), _schema_rights(args.command):
+            status: int = args.run(args, term)
+    except Stopped as stop:
+        return 128 + stop.signum
     except KeyboardInterrupt:
         return cli_work.EXIT_INTERRUPTED
     except Exception as error:
@@ -369,7 +384,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.traceback:
             traceback.print_exception(error, file=sys.stderr)
         else:
-            first = first_line(error)
+            first = _embedded_crash() or first_line(error)
             if not mistake:
                 first = f"unexpected {type(error).__name__}: {first}"
             if not mistake or error.__cause__ is not None:  # where it came from may help
@@ -379,6 +394,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         term.close_logging()
     return status
+
+
+# The commands that may create the schema (and the demo's tables) when it is missing; every
+# other one reads or fixes rows that must exist, and says so when they do not.
+CREATING = frozenset({"migrate", "plan", "work", "demo", "serve"})
+
+
+def _schema_rights(command: str) -> contextlib.AbstractContextManager[None]:
+    return contextlib.nullcontext() if command in CREATING else reading_only()
+
+
+def _embedded_crash() -> str | None:
+    """What the embedded PostgreSQL's log says, when it crashed under this command."""
+    embedded = sys.modules.get("synclane.embedded")
+    if embedded is None:
+        return None
+    notes: list[str] = embedded.crash_notes()
+    return notes[0] if notes else None
 
 
 if __name__ == "__main__":

@@ -7,22 +7,58 @@ Part of `synclane.cli`; kept apart so that the commands read as commands.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import re
 import shlex
 import shutil
+import signal
 import sys
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from synclane import loading
 from synclane.app import OwnerSourceError, SyncLane, redact
+from synclane.connection import creating_allowed
 from synclane.model import MAX_DURATION, ConfigError, check_name, check_reason
 
 
 class UsageError(Exception):
     """A mistake on the command line; printed as one line."""
+
+
+class Stopped(BaseException):
+    """SIGTERM or SIGHUP reached a command: it unwinds like Ctrl-C (no `except Exception` holds
+    it), so that every `finally` and exit handler runs (the embedded PostgreSQL's stop among
+    them); unlike Ctrl-C it is no interruption, and the page's server does not swallow it."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def stopping_on_signals() -> Iterator[None]:
+    """While a command runs: SIGTERM and SIGHUP raise Stopped (a worker that runs handles them
+    itself, handing its jobs back first). The handlers before are put back after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: object) -> None:
+        raise Stopped(signum)
+
+    before = {}
+    for sig in (getattr(signal, "SIGTERM", None), getattr(signal, "SIGHUP", None)):
+        if sig is not None:
+            before[sig] = signal.signal(sig, stop)
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
 
 
 EPILOG = """\
@@ -32,7 +68,7 @@ The DSN comes from --dsn or $SYNCLANE_DSN (with neither: the embedded PostgreSQL
 exit status: 0 done; 2 a mistake (one line says which option or name); 3 `work --until-idle` or
 `plan --work` left jobs open or waiting for a human (the last lines say which and why);
 1 an unexpected error (--traceback shows where); 130 interrupted by Ctrl-C (after the jobs
-were handed back).
+were handed back). SIGTERM and SIGHUP stop `work`, `demo` and `dashboard` as a stop asked for.
 """
 
 
@@ -200,7 +236,24 @@ def load_app(args: argparse.Namespace) -> SyncLane:
             f"{args.schema!r}; drop --schema (an app names its own schema) or build the app with "
             "schema=os.environ['SYNCLANE_SCHEMA']"
         )
+    if not creating_allowed():
+        check_table(app)
     return app
+
+
+def check_table(app: SyncLane) -> None:
+    """For a command that only reads or fixes rows: the app's schema must hold synclane's table
+    (at this synclane's version); one line names `synclane migrate` where it does not."""
+    with app.database.connection(check_schema=False) as conn:
+        version = app.store.current_version(conn)
+        conn.commit()
+    if version is None:
+        raise UsageError(
+            f"schema {app.schema!r} has no synclane table (is --schema or the app's schema "
+            f"mistyped?); nothing was created: `synclane --schema {app.schema} migrate` creates "
+            "it"
+        )
+    app.database.check_schema()
 
 
 def queues(app: SyncLane, queue: str | None, *, one: bool = False) -> list[str]:

@@ -38,6 +38,7 @@ def cmd_workers(args: argparse.Namespace, term: Terminal) -> int:
         frame = app.workers(cli_args.queues(app, args.queue)[0] if args.queue else None)
     else:
         app = SyncLane(args.dsn or None, schema=args.schema or "synclane", create_schema=False)
+        cli_args.check_table(app)
         frame = app.workers()
         if args.queue:  # no app to check the name against: as given
             frame = frame[frame["queues"].map(lambda queues: args.queue in queues)]

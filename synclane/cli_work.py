@@ -119,16 +119,26 @@ def _serve_metrics(
 def cmd_dashboard(args: argparse.Namespace, term: Terminal) -> int:
     from synclane import dashboard
 
-    dashboard.serve(
-        cli_args.load_app(args),
-        host=args.host,
-        port=args.port,
-        allow_remote=args.allow_remote,
-        trust_proxy=args.trust_proxy,
-        on_ready=lambda url: print(f"synclane dashboard on {url} (Ctrl-C stops it)", flush=True),
-        metrics=args.metrics,
-        **_page_options(args),
-    )
+    app = cli_args.load_app(args)
+
+    def ready(url: str) -> None:
+        print(f"synclane dashboard on {url} (Ctrl-C stops it)", flush=True)
+
+    try:
+        dashboard.serve(
+            app,
+            host=args.host,
+            port=args.port,
+            allow_remote=args.allow_remote,
+            trust_proxy=args.trust_proxy,
+            on_ready=ready,
+            metrics=args.metrics,
+            **_page_options(args),
+        )
+    except cli_args.Stopped:  # SIGTERM or SIGHUP: a stop asked for, as `work` takes it
+        app.close()
+        return 0
+    app.close()
     return EXIT_INTERRUPTED  # serve() returns once Ctrl-C stopped it
 
 

@@ -10,6 +10,7 @@ import threading
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -90,6 +91,27 @@ def check_dsn(dsn: str) -> None:
             "'postgresql://user:password@host:5432/dbname' or 'host=... dbname=...', "
             "or None for the embedded PostgreSQL"
         ) from None
+
+
+# Inside `reading_only()`: an app built with create_schema=True creates nothing; its schema is
+# checked at its first use instead. The commands that only read (and the page) load the app's
+# module this way, so that a mistyped --schema is said, never created (synclane.cli).
+_READING_ONLY: ContextVar[bool] = ContextVar("synclane_reading_only", default=False)
+
+
+@contextmanager
+def reading_only() -> Iterator[None]:
+    """While this runs, SyncLane(create_schema=True) and the demo create no schema or table."""
+    token = _READING_ONLY.set(True)
+    try:
+        yield
+    finally:
+        _READING_ONLY.reset(token)
+
+
+def creating_allowed() -> bool:
+    """False inside reading_only()."""
+    return not _READING_ONLY.get()
 
 
 class Database:

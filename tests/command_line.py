@@ -18,9 +18,11 @@ Run = Callable[..., tuple[int, str, str]]
 def run_in_process(
     dsn: str, schema: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> Iterator[Run]:
-    """Run `synclane --dsn <test db> --app cli_app:app ...` in this process."""
-    from synclane import cli
+    """Run `synclane --dsn <test db> --app cli_app:app ...` in this process, on a schema that
+    holds the table (`migrate` was run: reads create nothing)."""
+    from synclane import SyncLane, cli
 
+    SyncLane(dsn, schema=schema).close()
     monkeypatch.setenv("SYNCLANE_CLI_TEST_SCHEMA", schema)
     # --dsn and --schema reach the app through the environment of this process: restored after
     for name in ("SYNCLANE_APP", "SYNCLANE_DSN", "SYNCLANE_SCHEMA", "SYNCLANE_CLI_TEST_RETRY"):

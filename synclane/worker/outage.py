@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 
 from synclane.errors import error_text
 
@@ -22,7 +23,11 @@ class Outage:
     def lost(self, what: str, error: BaseException) -> None:
         if not self.down:
             self.down = True
-            log.warning("%s cannot reach the database (%s); retrying", what, error_text(error))
+            text = error_text(error)
+            embedded = sys.modules.get("synclane.embedded")  # loaded where the app uses it
+            if embedded is not None and (notes := embedded.crash_notes()):
+                text = notes[0]
+            log.warning("%s cannot reach the database (%s); retrying", what, text)
 
     def reached(self) -> None:
         if self.down:
