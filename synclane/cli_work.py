@@ -220,6 +220,7 @@ def cmd_serve(args: argparse.Namespace, term: Terminal) -> int:
     serve(
         path,
         dsn=args.dsn or None,
+        name=args.name,
         work_budget_seconds=args.work_budget,
         work_runs=args.work_runs,
     )
