@@ -34,9 +34,9 @@ from synclane.app import SyncLane
 from synclane.causes import Causes, Noted
 from synclane.hosting import through_outage
 from synclane.model import ConfigError
-from synclane.prefect import lifecycle
 from synclane.prefect.blocks import SyncLaneDatabase
 from synclane.prefect.identity import TableIdentity, artifact_key, table_identity
+from synclane.prefect.lifecycle import RunWatch, after_crash, after_run, wants_successor, work_began
 from synclane.prefect.operations import (
     STOP_GRACE_SECONDS,
     WORK_BUDGET_SECONDS,
@@ -225,9 +225,9 @@ class PrefectEvents:
 
 @flow(
     name="synclane-work",
-    on_completion=[lifecycle.after_run],
-    on_failure=[lifecycle.after_run],
-    on_crashed=[lifecycle.after_crash],
+    on_completion=[after_run],
+    on_failure=[after_run],
+    on_crashed=[after_crash],
 )
 def work(
     database: str | None = None,
@@ -253,7 +253,7 @@ def work(
     cancel on (the run watches its own state), and so does a run whose deployment was deleted."""
     run_id, deployment_id = _this_run()
     if run_id is not None:
-        lifecycle.began(run_id)
+        work_began(run_id)
     app = app_for(database, app_path)
     logger = get_run_logger()
     names = check_queues(app, queues)
@@ -278,7 +278,7 @@ def work(
     )
     watch = None
     if run_id is not None and deployment_id is not None:
-        watch = lifecycle.RunWatch(worker, run_id, deployment_id).start()
+        watch = RunWatch(worker, run_id, deployment_id).start()
     began = time.monotonic()
     interruption: BaseException | None = None
     try:
@@ -298,9 +298,9 @@ def work(
     if stopped is not None:
         return Cancelled(message=f"{ended}; no successor is started")
     if run_id is not None and deployment_id is not None and ended == BUDGET_USED:
-        # Started by the run's hook once its final state is recorded (lifecycle.after_run): by
+        # Started by the run's hook once its final state is recorded (after_run): by
         # then its slot in the deployment's limit is free. The plan runs start it otherwise.
-        lifecycle.wants_successor(run_id)
+        wants_successor(run_id)
     failure = work_outcome(report, events.sent, fail_on_abandoned)
     if failure is not None:
         return Failed(message=failure)

@@ -60,7 +60,7 @@ _runs: dict[UUID, _Run] = {}
 _runs_lock = threading.Lock()
 
 
-def began(run_id: UUID) -> None:
+def work_began(run_id: UUID) -> None:
     with _runs_lock:
         _runs[run_id] = _Run()
 
