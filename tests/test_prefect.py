@@ -20,6 +20,7 @@ import runpy
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -1117,6 +1118,71 @@ def test_synclane_serve_takes_the_deployments_name(
     assert all(f"synclane-table:{table.slug}" in d.tags for d in served["deployments"])
     (line,) = [line for line in capsys.readouterr().err.splitlines() if "a/b" in line]
     assert "--name" in line or "name=" in line
+
+
+def test_plan_backfill_and_requeue_ride_out_a_database_restart(
+    prefect_server: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """On a PostgreSQL of the test's own (the machine's is shared): a plan run started while
+    the database is down, a backfill watching while it restarts, a requeue started while it
+    is down; each waits for it as a worker does, says so once, and ends as on any day."""
+    from test_faults import EmbeddedServer
+
+    caplog.set_level("INFO", logger="synclane")
+    with tempfile.TemporaryDirectory(prefix="synclane-orch-outage-") as directory:
+        server = EmbeddedServer(Path(directory))
+        app = prefect_app.build(server.dsn, "outage")
+        module = ModuleType("outage_app")
+        module.app = app  # type: ignore[attr-defined]
+        monkeypatch.setitem(sys.modules, "outage_app", module)
+        path = "outage_app:app"
+
+        def down_for(seconds: float) -> threading.Thread:
+            server.stop()
+            coming_back = threading.Timer(seconds, server.start)
+            coming_back.start()
+            return coming_back
+
+        try:
+            app.migrate()
+            back = down_for(3)
+            assert plan(app_path=path, queue="shops") == {"shops": 12}
+            back.join()
+
+            ended: dict[str, Any] = {}
+            watching = threading.Thread(
+                target=lambda: ended.update(
+                    state=backfill(queue="shops", type="orders", horizon_days=120,
+                                   owners=["acme-us", "acme-eu"], app_path=path,
+                                   budget_seconds=120, poll_seconds=0.5, return_state=True)
+                ),
+            )  # fmt: skip
+            planned = len(app.jobs("shops", type="orders"))
+            watching.start()
+            eventually(
+                lambda: len(app.jobs("shops", type="orders")) == planned + 4, 60, "the widening"
+            )
+            time.sleep(1)  # the watch's first looks
+            down_for(3).join()
+            loader = prefect_app.build(server.dsn, "outage")
+            loader.run_worker(["shops"], stop_after=60, until_idle=True)
+            loader.close()
+            watching.join(120)
+            state = ended["state"]
+            assert state.is_completed(), state.message
+            assert state.message == "8 of 8 slice(s) loaded (100.0 %)"
+
+            back = down_for(3)
+            assert requeue(queue="shops", owner="globex", app_path=path) == 2
+            back.join()
+        finally:
+            app.close()
+            server.close()
+    lines = [r.getMessage() for r in caplog.records if r.name == "synclane"]
+    for what in ("a plan run", "the backfill of shops.orders", "a requeue run"):
+        assert any(line.startswith(f"{what} cannot reach the database") for line in lines)
+    assert "reached the database again" in lines
+    assert not [r for r in caplog.records if r.levelname == "ERROR" or r.exc_info]
 
 
 def test_a_cancelled_work_run_hands_its_job_back_with_its_cursor(

@@ -101,11 +101,11 @@ def _this_run() -> tuple[UUID | None, UUID | None]:
     return context.flow_run.id, context.flow_run.deployment_id
 
 
-def _table_of(app: SyncLane) -> TableIdentity:
+def _table_of(app: SyncLane, what: str) -> TableIdentity:
     """The app's table; in a run of a served deployment, the table the deployment serves (its
     tag): two processes that serve one deployment name for two tables would otherwise each
     run the other's runs on their own table."""
-    table = through_outage(lambda: table_identity(app), "a flow run reading its table")
+    table = through_outage(lambda: table_identity(app), what)
     context = FlowRunContext.get()
     tags = context.flow_run.tags if context is not None and context.flow_run is not None else []
     served = served_table(tags)
@@ -160,7 +160,7 @@ def plan(
     logger = get_run_logger()
     try:
         queues = check_queues(app, None if queue is None else [queue])
-        table = _table_of(app)
+        table = _table_of(app, "a plan run")
         added = through_outage(lambda: app.plan(queue), "a plan run")
         for name, count in added.items():
             logger.info("queue %s: %d new job(s)", name, count)
@@ -257,8 +257,8 @@ def work(
     app = app_for(database, app_path)
     logger = get_run_logger()
     names = check_queues(app, queues)
-    table = _table_of(app)
-    through_outage(app.check_schema, "a work run starting")
+    table = _table_of(app, "a work run")
+    through_outage(app.check_schema, "a work run")
     worklog = WorkLog()
     events = PrefectEvents(app, table)
     worker = app.worker(
@@ -374,10 +374,10 @@ def backfill(
     app = app_for(database, app_path)
     logger = get_run_logger()
     check_queues(app, [queue])
-    table = _table_of(app)
+    table = _table_of(app, "a backfill run")
     horizon = timedelta(days=horizon_days)
     added = through_outage(
-        lambda: widen_history(app, queue, type, horizon, owners), "a backfill widening history"
+        lambda: widen_history(app, queue, type, horizon, owners), "a backfill run"
     )
     who = "every connected owner" if owners is None else ", ".join(owners)
     logger.info(
@@ -455,7 +455,7 @@ def requeue(
     `cause_id`) fresh attempts; cursors are kept."""
     app = app_for(database, app_path)
     check_queues(app, [queue])
-    _table_of(app)
+    _table_of(app, "a requeue run")
     count = through_outage(
         lambda: app.requeue(queue, owner=owner, type=type, cause=cause, cause_id=cause_id),
         "a requeue run",
