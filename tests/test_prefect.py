@@ -520,9 +520,12 @@ def test_overdue_work_runs_no_longer_count() -> None:
     waiting = run(StateType.SCHEDULED, None)
     lost = run(StateType.RUNNING, 25)  # a 9-minute run that started 25 minutes ago
     myself = run(StateType.RUNNING, 9)
-    counted, overdue = counted_runs([working, waiting, lost, myself], 540, now, myself.id)
-    assert [r.id for r in counted] == [working.id, waiting.id]
-    assert [r.id for r in overdue] == [lost.id]
+    stopping = run(StateType.CANCELLING, 6)  # holds its slot until it has ended
+    stuck = run(StateType.CANCELLING, 30)  # its process is gone: it will never end
+    runs = [working, waiting, lost, myself, stopping, stuck]
+    counted, overdue = counted_runs(runs, 540, now, myself.id)
+    assert [r.id for r in counted] == [working.id, waiting.id, stopping.id]
+    assert [r.id for r in overdue] == [lost.id, stuck.id]
 
 
 def test_the_deployments_plan_every_minute_and_keep_work_runs_going() -> None:

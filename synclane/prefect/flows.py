@@ -36,7 +36,15 @@ from synclane.hosting import through_outage
 from synclane.model import ConfigError
 from synclane.prefect.blocks import SyncLaneDatabase
 from synclane.prefect.identity import TableIdentity, artifact_key, table_identity
-from synclane.prefect.lifecycle import RunWatch, after_crash, after_run, wants_successor, work_began
+from synclane.prefect.lifecycle import (
+    RunWatch,
+    after_crash,
+    after_run,
+    forget,
+    wants_successor,
+    work_began,
+    work_ended,
+)
 from synclane.prefect.operations import (
     STOP_GRACE_SECONDS,
     WORK_BUDGET_SECONDS,
@@ -228,6 +236,7 @@ class PrefectEvents:
     on_completion=[after_run],
     on_failure=[after_run],
     on_crashed=[after_crash],
+    on_cancellation=[forget],
 )
 def work(
     database: str | None = None,
@@ -296,6 +305,8 @@ def work(
         _publish_work_report(worklog, names, app, table, seconds, ended, dict(worker.report))
     logger.info("worker report: %s", report or "nothing to do")
     if stopped is not None:
+        if run_id is not None:
+            work_ended(run_id)  # no successor
         return Cancelled(message=f"{ended}; no successor is started")
     if run_id is not None and deployment_id is not None and ended == BUDGET_USED:
         # Started by the run's hook once its final state is recorded (after_run): by

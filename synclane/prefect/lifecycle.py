@@ -70,21 +70,26 @@ def wants_successor(run_id: UUID) -> None:
         _runs.setdefault(run_id, _Run()).successor = True
 
 
-def _ended(run_id: UUID) -> _Run | None:
+def work_ended(run_id: UUID) -> _Run | None:
     with _runs_lock:
         return _runs.pop(run_id, None)
 
 
 def after_run(flow: Any, flow_run: FlowRun, state: State) -> None:
     """`on_completion` and `on_failure`: a run that used its whole budget starts its successor."""
-    run = _ended(flow_run.id)
+    run = work_ended(flow_run.id)
     if run is not None and run.successor and flow_run.deployment_id is not None:
         _start_successor(flow, flow_run, "its budget was used")
 
 
+def forget(flow: Any, flow_run: FlowRun, state: State) -> None:
+    """`on_cancellation`: a cancelled run starts no successor."""
+    work_ended(flow_run.id)
+
+
 def after_crash(flow: Any, flow_run: FlowRun, state: State) -> None:
     """`on_crashed`: a run of a deployment that worked a while starts its successor."""
-    run = _ended(flow_run.id)
+    run = work_ended(flow_run.id)
     if flow_run.deployment_id is None:
         return
     logger = flow_run_logger(flow_run, flow)
