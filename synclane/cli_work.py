@@ -216,6 +216,9 @@ def cmd_serve(args: argparse.Namespace, term: Terminal) -> int:
             "`synclane serve` runs Prefect deployments: install the extra with "
             "pip install 'synclane[prefect]'"
         ) from None
+    # --schema reaches the app as $SYNCLANE_SCHEMA (and through it every served run, which
+    # inherits this process's environment); an app with another schema is refused here.
+    cli_args.load_app(args).close()
     term.say(f"serving the Prefect deployments of {path} (Ctrl-C stops them)")
     serve(
         path,

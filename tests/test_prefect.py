@@ -1188,6 +1188,33 @@ def test_plan_backfill_and_requeue_ride_out_a_database_restart(
     assert not [r for r in caplog.records if r.levelname == "ERROR" or r.exc_info]
 
 
+def test_synclane_serve_serves_the_table_its_schema_option_names(
+    prefect_server: str, dsn: str, schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`synclane --schema S --app synclane.demo.app:app serve`: the demo's app takes its schema
+    from $SYNCLANE_SCHEMA, set from --schema here and inherited by every served run."""
+    import prefect
+
+    from synclane.cli import main
+    from synclane.prefect.identity import key_part
+
+    served: dict[str, Any] = {}
+    monkeypatch.setattr(prefect, "serve", lambda *d, **kw: served.update(deployments=d))
+    monkeypatch.delitem(sys.modules, "synclane.demo.app", raising=False)
+    monkeypatch.setenv("SYNCLANE_SCHEMA", "synclane")  # restored afterwards, as is the DSN
+    monkeypatch.setenv("SYNCLANE_DSN", dsn)
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        argv = ["--dsn", dsn, "--schema", schema, "--app", "synclane.demo.app:app", "serve"]
+        assert main([*argv, "--name", f"demo-{schema}"]) == 0
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert os.environ["SYNCLANE_SCHEMA"] == schema
+    tags = {tag for d in served["deployments"] for tag in d.tags if tag.startswith("synclane-")}
+    (tag,) = tags
+    assert tag.endswith(f"-{key_part(schema)}")
+
+
 def test_a_cancelled_work_run_hands_its_job_back_with_its_cursor(
     block: str, loaded: ModuleType
 ) -> None:
