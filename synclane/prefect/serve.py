@@ -87,10 +87,10 @@ def deployments(
     name = deployment_name(app_path) if name is None else check_deployment_name(name)
     app = {"app_path": app_path}
     tags = ["synclane"] if table is None else ["synclane", f"{TABLE_TAG}{table.slug}"]
-    where = "" if table is None else f" The table: {table.label}."
+    where = "" if table is None else f"; table {table.label}"
 
     def about(what: str) -> str:
-        return f"{what} of {app_path}.{where}"
+        return f"{what}. App {app_path}{where}."
 
     built = [
         plan.to_deployment(
@@ -106,7 +106,9 @@ def deployments(
             parameters={**app, "budget_seconds": work_budget_seconds},
             concurrency_limit=one_at_a_time(work_runs),
             tags=tags,
-            description=about(f"Works for {work_budget_seconds:.0f} s a run, {work_runs} at once"),
+            description=about(
+                f"Works for {work_budget_seconds:.0f} s a run, {work_runs} run(s) at once"
+            ),
         ),
         backfill.to_deployment(
             name, parameters=app, tags=tags, description=about("Widens history when asked")
