@@ -40,6 +40,7 @@ pytest.importorskip("prefect", reason="the prefect extra is not installed")
 
 import prefect_app
 import yaml
+from prefect.client.schemas.objects import State
 from prefect.exceptions import TerminationSignal
 from prefect.testing.standard_test_suites import BlockStandardTestSuite
 
@@ -1098,6 +1099,38 @@ def test_a_served_name_that_serves_another_table_is_refused(
             conn.execute(
                 sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(f"{schema}_b"))
             )
+
+
+def test_a_run_of_a_deployment_that_serves_another_table_fails_at_its_start(
+    prefect_server: str, loaded: ModuleType, schema: str
+) -> None:
+    """Two processes that serve one name for two tables anyway (older deployments, or two
+    `serve` started at once): a run whose deployment names another table than its process's
+    app fails at once, naming both, and changes nothing."""
+    from prefect.client.orchestration import get_client
+    from prefect.flow_engine import run_flow
+
+    other = TableIdentity("elsewhere", "0badc0de", "synclane")
+    name = f"mixed-{schema}"
+    for deployment in deployments("prefect_app:app", name=name, table=other):
+        called(deployment.apply())
+    with get_client(sync_client=True) as client:
+        found = client.read_deployment_by_name(f"synclane-requeue/{name}")
+        flow_run = client.create_flow_run_from_deployment(found.id, parameters={"queue": "shops"})
+    state = run_flow(
+        requeue,
+        flow_run=flow_run,
+        parameters={"queue": "shops", "app_path": "prefect_app:app"},
+        return_type="state",
+    )
+    assert isinstance(state, State) and state.is_failed()
+    with pytest.raises(ConfigError) as raised:
+        state.result()
+    mine = table_identity(loaded.app).slug
+    assert str(raised.value).startswith(
+        "this run's deployment serves the table elsewhere-0badc0de-synclane, but the process "
+        f"that runs it has the app of {mine}"
+    )
 
 
 def test_synclane_serve_takes_the_deployments_name(
