@@ -38,6 +38,7 @@ from prefect.client.schemas.objects import FlowRun
 from prefect.states import Cancelling
 
 from synclane import ConfigError, SyncLane
+from synclane.prefect.lifecycle import CRASH_SUCCESSOR_AFTER
 from synclane.prefect.runs import keep_work_runs
 
 pytestmark = [pytest.mark.prefect, pytest.mark.processes]
@@ -144,6 +145,7 @@ def serving(
         "PREFECT_RUNNER_POLL_FREQUENCY": "2",
         "SYNCLANE_DSN": dsn,
         "SYNCLANE_PREFECT_TEST_SCHEMA": schema,
+        "SYNCLANE_PREFECT_TEST_PAGE_WAIT": "240",  # the slow job's second page outlasts a restart
         "PYTHONPATH": os.pathsep.join([str(fast), str(TESTS), os.environ.get("PYTHONPATH", "")]),
     }
     log = home / f"serve-{name}.log"
@@ -216,8 +218,14 @@ def test_work_resumes_by_itself_after_the_prefect_server_restarts(
         lane.plan("slow")
         with serving(server, dsn, schema, name, tmp_path):
             first = start_work_run(name)
+            started = time.monotonic()
             eventually(in_second_page(lane), 120, "the work run to hold the slow job mid-page")
             holder = slow_job(lane)["leased_by"]
+            # A run that crashes within a minute of its start starts no successor (a run that
+            # crashes at every start would loop); after a real restart the crash comes at the
+            # next renewal, up to 225 s later. Here renewals come every 3 s: let the run work
+            # its minute first.
+            time.sleep(max(0.0, CRASH_SUCCESSOR_AFTER + 2 - (time.monotonic() - started)))
             server.stop()
             time.sleep(2)
             server.start()
