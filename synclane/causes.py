@@ -18,14 +18,19 @@ the orchestrator's own thread (`take`): one statement per batch, never on the wo
 
 from __future__ import annotations
 
+import logging
 import queue
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+import psycopg
+
 from synclane.app import SyncLane
 from synclane.events import Event, Kind
 from synclane.hosting import AWAY
+
+log = logging.getLogger("synclane")
 
 # The kinds whose error has a cause worth naming.
 WITH_CAUSE: tuple[Kind, ...] = ("failed", "deferred", "abandoned")
@@ -64,6 +69,7 @@ class Causes:
         self._waiting: list[Event] = []
         self._clock = clock
         self._away_until = 0.0
+        self._said = False
 
     def __call__(self, event: Event) -> None:
         if self.kinds is None or event.kind in self.kinds:
@@ -84,6 +90,11 @@ class Causes:
                 return self._with_causes(events)
             except AWAY:
                 self._away_until = self._clock() + _AWAY_PAUSE
+            except psycopg.Error as error:  # a mistake of ours costs the causes, never the run
+                if not self._said:
+                    self._said = True
+                    log.warning("could not read the causes of the run's events: %s", error)
+                return [Noted(event) for event in events]
         if final:
             return [Noted(event) for event in events]
         self._waiting = events

@@ -440,6 +440,7 @@ def test_a_work_run_logs_each_job_once_when_dagster_also_captures_synclane_s_log
         assert len(told) == 1, told
     deferred = [line for line in lines if re.match(r"job \d+\b.*deferred", line)]
     assert len(deferred) == 1, deferred
+    assert not [line for line in lines if re.match(r"job \d+ \(", line)]  # none of the op's own
 
 
 def test_plan_backfill_and_requeue_runs_ride_out_a_database_restart(

@@ -111,7 +111,7 @@ def work_job(app: SyncLane, names: Names, budget: timedelta) -> JobDefinition:
         def log_events(final: bool = False) -> None:
             for noted in causes.take(final=final):
                 told.append(noted)
-                if per_job or noted.event.kind == "handed_back":
+                if per_job:
                     log_event(context, noted, names)
 
         try:

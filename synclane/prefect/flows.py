@@ -224,11 +224,17 @@ class PrefectEvents:
         self.table = table
         self.listener = Causes(app, PREFECT_EVENT_KINDS)
         self.sent: list[Noted] = []
+        self._said = False
 
     def send(self, *, final: bool = False) -> None:
         for noted in self.listener.take(final=final):
             self.sent.append(noted)
-            emit_event(**prefect_event(noted.event, self.table, noted))
+            try:
+                emit_event(**prefect_event(noted.event, self.table, noted))
+            except Exception as error:  # an event lost costs no job and ends no run
+                if not self._said:
+                    self._said = True
+                    logging.getLogger("synclane").warning("could not send an event: %s", error)
 
 
 @flow(
