@@ -9,7 +9,8 @@
 The same as `synclane --app synclane.demo.app:app serve`: the app is loaded first (a wrong path
 or an unreachable database stops here), then synclane-plan, -work, -backfill and -requeue are
 served under the name `synclane-demo-app`. The work pool's deployments in prefect.yaml are
-named `demo-pool`, so serving never takes them over (and a name a pool already uses is refused).
+named `demo-pool`, so serving never takes them over (and a name a pool already uses, or one
+that serves another table, is refused: a second table needs `synclane serve --name`).
 
 Runs are processes started by this one and inherit its environment: $SYNCLANE_DSN reaches the
 demo app (built with SyncLane(None)), PREFECT_LOGGING_EXTRA_LOGGERS=synclane puts the library's

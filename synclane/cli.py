@@ -343,6 +343,7 @@ def parser() -> argparse.ArgumentParser:
         cli_work.cmd_serve,
         "serve the app's Prefect deployments (synclane[prefect])",
         "synclane --app mysync.app:app serve --work-budget 540",
+        "synclane --app mysync.app:app serve --name shops-staging",
     )
     serve.add_argument(
         "--work-budget",
@@ -355,6 +356,10 @@ def parser() -> argparse.ArgumentParser:
         type=cli_args.whole(1, MAX_WORK_RUNS, "2"),
         default=1,
         help="how many `work` runs to keep going at once (default 1)",
+    )
+    serve.add_argument(
+        "--name",
+        help="the deployments' name (default: from the app path); one per table on one server",
     )
     return main
 

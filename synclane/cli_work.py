@@ -220,16 +220,22 @@ def cmd_serve(args: argparse.Namespace, term: Terminal) -> int:
     if not path:
         raise UsageError("no app: pass --app package.module:app or set SYNCLANE_APP")
     try:
-        from synclane.prefect.serve import serve
+        from synclane.prefect.serve import check_deployment_name, serve
     except ImportError:
         raise UsageError(
             "`synclane serve` runs Prefect deployments: install the extra with "
             "pip install 'synclane[prefect]'"
         ) from None
+    # --schema reaches the app as $SYNCLANE_SCHEMA (and through it every served run, which
+    # inherits this process's environment); an app with another schema is refused here.
+    if args.name is not None:
+        check_deployment_name(args.name)
+    cli_args.load_app(args).close()
     term.say(f"serving the Prefect deployments of {path} (Ctrl-C stops them)")
     serve(
         path,
         dsn=args.dsn or None,
+        name=args.name,
         work_budget_seconds=args.work_budget,
         work_runs=args.work_runs,
     )

@@ -1,5 +1,6 @@
 """A synclane worker inside an orchestrator's run (Dagster, Prefect): run it in a thread, wait
-in the caller's thread, and turn whatever interrupts the wait into a clean stop.
+in the caller's thread, and turn whatever interrupts the wait into a clean stop; and ride out a
+short database outage in the run's own calls (`through_outage`), as the worker rides it out.
 
 Orchestrators stop a run by raising in its main thread (Dagster's
 `DagsterExecutionInterruptedError` on run termination, Prefect's `TerminationSignal` on
@@ -17,12 +18,55 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import psycopg
+
+from synclane.errors import DatabaseUnavailable
+from synclane.worker.outage import OUTAGE_BACKOFF, Outage
 
 if TYPE_CHECKING:
     from synclane.worker import Worker
 
 log = logging.getLogger("synclane")
+
+T = TypeVar("T")
+
+# How long an orchestrator run's own call (planning, a requeue, a backfill's look at the
+# history) waits for the database to come back before the run fails: a restart or a failover
+# takes seconds; what takes longer is an outage a person should hear of.
+OUTAGE_PATIENCE = 300.0
+# What an unreachable or restarting database raises: a broken connection or a refused one.
+AWAY = (psycopg.OperationalError, DatabaseUnavailable)
+
+
+def through_outage(
+    call: Callable[[], T],
+    what: str,
+    *,
+    patience: float = OUTAGE_PATIENCE,
+    sleep: Callable[[float], None] = time.sleep,
+) -> T:
+    """`call()`, tried again while the database cannot be reached (a restart, a failover), with
+    the worker's backoff, for up to `patience` seconds; then its error is raised. The outage is
+    logged once when it starts and once when it ends, naming `what` waited. Only calls that are
+    safe to send twice belong here: a second plan adds nothing, a second requeue finds nothing
+    left to requeue (so a count can miss what a lost answer did)."""
+    outage = Outage()
+    deadline = time.monotonic() + patience
+    tries = 0
+    while True:
+        try:
+            result = call()
+        except AWAY as error:
+            if time.monotonic() >= deadline:
+                raise
+            outage.lost(what, error)
+            sleep(OUTAGE_BACKOFF[min(tries, len(OUTAGE_BACKOFF) - 1)])
+            tries += 1
+            continue
+        outage.reached()
+        return result
 
 
 def run_until_stopped(

@@ -14,9 +14,11 @@ from datetime import timedelta
 
 from synclane import Abandon, Job, Owner, Page, SyncLane, Throttled
 
-# The `slow` queue's second page waits here, so a test can stop a worker mid-page.
+# The `slow` queue's second page waits here, so a test can stop a worker mid-page; in other
+# processes (served runs) it waits $SYNCLANE_PREFECT_TEST_PAGE_WAIT seconds (60 unless set).
 PAGE_IN_FLIGHT = threading.Event()
 RELEASE = threading.Event()
+PAGE_WAIT = float(os.environ.get("SYNCLANE_PREFECT_TEST_PAGE_WAIT") or 60)
 
 
 def build(dsn: str | None, schema: str) -> SyncLane:
@@ -52,7 +54,7 @@ def build(dsn: str | None, schema: str) -> SyncLane:
         if job.cursor is None:
             return Page("page-2", 10)
         PAGE_IN_FLIGHT.set()
-        RELEASE.wait(60)
+        RELEASE.wait(PAGE_WAIT)
         return Page(None, 1)
 
     # One owner for each thing a team alerts on: an abandoned job, a deferred one, a throttled

@@ -149,9 +149,18 @@ def logs(instance: DagsterInstance, run_id: str) -> list[tuple[str, str]]:
 
 
 def work_until_idle(defs: Definitions, instance: DagsterInstance, *queues: str) -> Any:
-    return run(
-        defs, WORK, instance, {"queues": list(queues), "budget_seconds": 60, "until_idle": True}
-    )
+    """A work run until nothing is left; it may fail (a job abandoned for a new cause)."""
+    config = {"queues": list(queues), "budget_seconds": 60, "until_idle": True}
+    return run(defs, WORK, instance, config, raise_on_error=False)
+
+
+def failure(result: ExecuteInProcessResult) -> tuple[str, dict[str, Any]]:
+    """The failed step's description and metadata (a dagster.Failure raised by the op)."""
+    (event,) = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
+    data = event.step_failure_data
+    assert data.user_failure_data is not None, data.error
+    metadata = {key: value.value for key, value in data.user_failure_data.metadata.items()}
+    return str(data.user_failure_data.description), metadata
 
 
 def wait_for(condition: Callable[[], Any], timeout: float, what: str) -> Any:
@@ -370,12 +379,23 @@ def test_a_queue_whose_owner_source_fails_is_not_materialized_and_fails_the_run(
 # -- work ----------------------------------------------------------------------------------
 
 
-def test_a_work_run_reports_what_it_did_and_logs_what_failed_for_good(
-    defs: Definitions, instance: DagsterInstance
+def test_a_work_run_that_abandons_jobs_for_new_causes_fails_and_logs_each_job_once(
+    loaded: ModuleType, defs: Definitions, instance: DagsterInstance
 ) -> None:
+    """The same signal as under Prefect: the run fails for the causes that started waiting for
+    a human in it, and says how to stop each; every job that failed for good is logged once."""
     run(defs, PLAN, instance)
     result = work_until_idle(defs, instance, "shops", "fragile")
-    assert output_metadata(result) == {"abandoned": 2, "completed": 9, "deferred": 1, "failed": 2}
+    assert not result.success
+    description, metadata = failure(result)
+    assert metadata == {"abandoned": 2, "completed": 9, "deferred": 1, "failed": 2}
+    assert description.startswith("2 new cause(s) of abandoned jobs, waiting for a human: ")
+    globex = loaded.app.failures("shops", status="abandoned")["cause_id"].iloc[0]
+    assert f"`synclane requeue --queue shops --owner globex --cause-id {globex}`" in description
+    assert f"synclane_requeue with queue='shops', owner='globex', cause_id='{globex}'" in (
+        description
+    )
+    assert "`synclane cancel --queue fragile --owner hooli --reason 'account gone'`" in description
     lines = logs(instance, result.run_id)
     warnings = [message for level, message in lines if level == "WARNING"]
     errors = [message for level, message in lines if level == "ERROR"]
@@ -387,6 +407,81 @@ def test_a_work_run_reports_what_it_did_and_logs_what_failed_for_good(
     assert all("synclane_requeue" in e for e in errors)
     assert lines[0][1].startswith("working queues shops, fragile for up to 60 s as ")
     assert lines[-1][1].startswith("worker report: ")
+
+    # globex's next job is abandoned for the same cause: it waits already; the run does not fail
+    loaded.app.enqueue("shops", "globex", "products")
+    again = work_until_idle(defs, instance, "shops")
+    assert again.success
+    assert output_metadata(again)["abandoned"] == 1
+    (said,) = [m for _, m in logs(instance, again.run_id) if m.startswith("job ")]
+    assert "abandoned again for cause" in said and "no new alert" in said
+
+    # requeued, its cause waits for no one: abandoned again, it fails a run again
+    assert loaded.app.requeue("shops", owner="globex", type="products") == 2
+    assert not work_until_idle(defs, instance, "shops").success
+
+
+def test_a_work_run_logs_each_job_once_when_dagster_also_captures_synclane_s_logger(
+    loaded: ModuleType, defs: Definitions
+) -> None:
+    """docs/dagster.md suggests `managed_python_loggers: [synclane]`: then the library's own
+    lines tell of each job, and the work op does not say it again."""
+    settings = {"managed_python_loggers": ["synclane"], "python_log_level": "INFO"}
+    with instance_for_test(overrides={"python_logs": settings}) as instance:
+        run(defs, PLAN, instance)
+        result = work_until_idle(defs, instance, "shops", "fragile")
+        lines = [message for _, message in logs(instance, result.run_id)]
+    job_ids = {
+        kind: [int(i) for i in loaded.app.jobs(status=kind)["id"]]
+        for kind in ("abandoned", "deferred")
+    }
+    for job_id in job_ids["abandoned"]:
+        told = [line for line in lines if re.match(rf"job {job_id}\b.*abandoned", line)]
+        assert len(told) == 1, told
+    deferred = [line for line in lines if re.match(r"job \d+\b.*deferred", line)]
+    assert len(deferred) == 1, deferred
+    assert not [line for line in lines if re.match(r"job \d+ \(", line)]  # none of the op's own
+
+
+def test_plan_backfill_and_requeue_runs_ride_out_a_database_restart(
+    instance: DagsterInstance, caplog: pytest.LogCaptureFixture
+) -> None:
+    """On a PostgreSQL of the test's own: each job started while the database is down waits
+    for it, as a worker does, and ends as on any day."""
+    import dagster_app
+    from test_faults import EmbeddedServer
+
+    with tempfile.TemporaryDirectory(prefix="synclane-orch-dagster-") as directory:
+        server = EmbeddedServer(Path(directory))
+        app = dagster_app.build(server.dsn, "outage")
+        outage_defs = definitions(app)
+
+        def down_for(seconds: float) -> threading.Timer:
+            server.stop()
+            back = threading.Timer(seconds, server.start)
+            back.start()
+            return back
+
+        try:
+            app.migrate()
+            back = down_for(3)
+            planned = run(outage_defs, PLAN, instance)
+            back.join()
+            assert planned.success and materialized(planned)["shops"]["jobs_added"] == 12
+            back = down_for(3)
+            widened = run(outage_defs, BACKFILL, instance, {"queue": "shops", "horizon_days": 120})
+            back.join()
+            assert output_metadata(widened)["slices_added"] == 6
+            app.run_worker(["shops"], stop_after=30, until_idle=True)
+            back = down_for(3)
+            requeued = run(outage_defs, REQUEUE, instance, {"queue": "shops", "owner": "globex"})
+            back.join()
+            assert output_metadata(requeued)["requeued"] == 5
+        finally:
+            app.close()
+            server.close()
+    said = [r.getMessage() for r in caplog.records if "cannot reach the database" in r.getMessage()]
+    assert len(said) >= 3
 
 
 @pytest.mark.parametrize(

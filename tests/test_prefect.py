@@ -20,6 +20,7 @@ import runpy
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -39,10 +40,12 @@ pytest.importorskip("prefect", reason="the prefect extra is not installed")
 
 import prefect_app
 import yaml
+from prefect.client.schemas.objects import State
 from prefect.exceptions import TerminationSignal
 from prefect.testing.standard_test_suites import BlockStandardTestSuite
 
 from synclane import ConfigError, SyncLane
+from synclane.causes import Causes, Noted
 from synclane.events import Event
 from synclane.prefect import SyncLaneDatabase, backfill, deployments, plan, requeue, serve, work
 from synclane.prefect.flows import _backfill_state, called
@@ -268,13 +271,27 @@ def test_artifact_keys_name_the_database_and_never_its_password(dsn: str, schema
     assert identities["other"].digest != identities["test"].digest
     for identity in identities.values():
         key = artifact_key(identity, "progress", "EU shops")
-        assert re.fullmatch(r"synclane-[a-z0-9-]+-progress-eu-shops", key)
+        # a name that is not plain lowercase letters and digits carries a digest of itself
+        assert re.fullmatch(r"synclane-[a-z0-9-]+-progress-eu-shops-[0-9a-f]{8}", key)
         assert identity.digest in key and schema.replace("_", "-") in key
         assert "s3cret" not in key + identity.label
     assert where_it_points("postgresql://me:s3cret@db.example:6432/shop") == (
         "db.example:6432",
         "shop",
     )
+
+
+def test_names_that_differ_only_by_case_or_punctuation_get_keys_of_their_own() -> None:
+    """Artifact keys hold lowercase letters, digits and dashes only: `orch_a`, `Orch_A` and
+    `orch-a` are three schemas (three tables), and `Shops` and `shops` two queues."""
+    tables = [TableIdentity("shop", "3f2a9c1b", name) for name in ("orch_a", "Orch_A", "orch-a")]
+    assert len({table.slug for table in tables}) == 3
+    assert TableIdentity("shop", "3f2a9c1b", "synclane").slug == "shop-3f2a9c1b-synclane"
+    table = tables[0]
+    keys = {artifact_key(table, "progress", queue) for queue in ("shops", "Shops", "sh-ops")}
+    assert len(keys) == 3 and artifact_key(table, "progress", "shops").endswith("-progress-shops")
+    for key in keys:
+        assert re.fullmatch(r"[a-z0-9]+(-[a-z0-9]+)*", key), key
 
 
 def test_an_interrupted_wait_hands_the_job_back_with_its_cursor(lane: SyncLane) -> None:
@@ -307,16 +324,19 @@ def test_a_worker_that_ends_by_itself_returns_its_report(lane: SyncLane) -> None
     assert report == {"completed": 10, "failed": 2}
 
 
-def alert_events(lane: SyncLane) -> WorkLog:
-    """Work the `alerts` queue until idle; what its events said."""
+def alert_events(lane: SyncLane) -> tuple[WorkLog, list[Noted]]:
+    """Work the `alerts` queue until idle; what its events said, and with their causes."""
     worklog = WorkLog(limit=2)
+    causes = Causes(lane)
     lane.plan("alerts")
-    lane.run_worker(["alerts"], stop_after=30, until_idle=True, idle_grace=0, on_event=worklog)
-    return worklog
+    lane.run_worker(
+        ["alerts"], stop_after=30, until_idle=True, idle_grace=0, on_event=[worklog, causes]
+    )
+    return worklog, causes.take(final=True)
 
 
 def test_the_work_report_lists_each_failure_with_its_error(lane: SyncLane) -> None:
-    worklog = alert_events(lane)
+    worklog, noted = alert_events(lane)
     assert worklog.counts["abandoned"] == 3 and worklog.counts["deferred"] == 3
     table = TableIdentity("shop", "3f2a9c1b", "synclane")
     report = {"completed": 3, "abandoned": 3, "deferred": 3, "throttled": 1}
@@ -335,11 +355,29 @@ def test_the_work_report_lists_each_failure_with_its_error(lane: SyncLane) -> No
     assert "## Throttled" in text and "| busy |" in text.split("## Throttled")[1]
     assert "## Failed" not in text  # nothing is waiting for a plain retry
 
-    assert work_outcome(report, worklog, fail_on_abandoned=False) is None
-    assert work_outcome({"deferred": 3}, worklog, fail_on_abandoned=True) is None
-    failure = work_outcome(report, worklog, fail_on_abandoned=True)
-    assert failure is not None and failure.startswith("3 job(s) abandoned in this run")
-    assert "(alerts · stuck · orders): Abandon: the account was closed" in failure
+    assert work_outcome(report, noted, fail_on_abandoned=False) is None
+    assert work_outcome({"deferred": 3}, [n for n in noted if n.event.kind != "abandoned"],
+                        fail_on_abandoned=True) is None  # fmt: skip
+    failure = work_outcome(report, noted, fail_on_abandoned=True)
+    in_order = lane.jobs("alerts", owner="stuck").sort_values("completed_at")  # as abandoned
+    stuck = [int(i) for i in in_order["id"]]
+    cause_id = str(lane.failures("alerts", status="abandoned")["cause_id"].iloc[0])
+    assert failure == (
+        "1 new cause(s) of abandoned jobs, waiting for a human: stuck (queue alerts): Abandon: "
+        f"the account was closed (cause {cause_id}, job(s) {', '.join(map(str, stuck))}); once "
+        f"fixed, `synclane requeue --queue alerts --owner stuck --cause-id {cause_id}` or the "
+        f"requeue flow with queue='alerts', owner='stuck', cause_id='{cause_id}'; if the "
+        "account is gone, take it out of the owner source and `synclane cancel --queue alerts "
+        "--owner stuck --reason 'account gone'`. The run's synclane work artifact lists every "
+        "job."
+    )
+
+    # The account's next job, abandoned for the same cause, fails no run.
+    lane.enqueue("alerts", "stuck", "orders")
+    _, again = alert_events(lane)
+    (abandoned_again,) = [n for n in again if n.event.kind == "abandoned"]
+    assert abandoned_again.repeat and abandoned_again.cause_id == cause_id
+    assert work_outcome({"abandoned": 1}, again, fail_on_abandoned=True) is None
 
 
 def test_a_prefect_event_names_the_job_and_relates_its_queue_owner_type_and_lane() -> None:
@@ -363,6 +401,7 @@ def test_a_prefect_event_names_the_job_and_relates_its_queue_owner_type_and_lane
         "synclane.type": "orders",
         "synclane.mode": "initial",
         "synclane.status": "abandoned",
+        "synclane.repeat": "false",  # its cause is not known to wait already: it alerts
     }
     related = {r["prefect.resource.role"]: r["prefect.resource.id"] for r in sent["related"]}
     assert related == {
@@ -375,6 +414,12 @@ def test_a_prefect_event_names_the_job_and_relates_its_queue_owner_type_and_lane
     assert sent["payload"]["error"] == "Abandon: gone" and sent["payload"]["attempt"] == 5
     assert sent["payload"]["window_end"] == at.isoformat()
     json.dumps(sent["payload"])  # JSON-safe
+    known = prefect_event(event, table, Noted(event, "Abandon: gone", "1c2d3e4f", repeat=True))
+    assert known["resource"]["synclane.cause_id"] == "1c2d3e4f"
+    assert known["resource"]["synclane.repeat"] == "true"
+    assert (
+        known["payload"]["cause"] == "Abandon: gone" and known["payload"]["cause_id"] == "1c2d3e4f"
+    )
 
 
 def test_widening_history_adds_older_slices_for_the_owners_asked(lane: SyncLane) -> None:
@@ -437,18 +482,25 @@ def test_watching_history_waits_for_open_slices_until_the_budget_ends(lane: Sync
     assert seen == [0.0, 100.0]
 
 
-def test_a_backfill_ends_completed_only_when_every_slice_loaded() -> None:
+def test_a_backfill_fails_only_for_slices_stopped_for_good() -> None:
+    """A budget that ends while slices still load is how a long backfill ends: Completed, with
+    what is left said. Failed means a slice will not load without a human."""
     loaded_all = History(total=4, loaded=4, abandoned=0, cancelled=0)
     stopped = History(total=4, loaded=2, abandoned=1, cancelled=1)
     still_open = History(total=4, loaded=3, abandoned=0, cancelled=0)
+    open_and_abandoned = History(total=4, loaded=2, abandoned=1, cancelled=0)
     assert _backfill_state(loaded_all, {}, 60).is_completed()
     state = _backfill_state(stopped, {}, 60)
     assert state.is_failed() and state.message is not None
     assert state.message.startswith("2 of 4 slice(s) loaded (50.0 %), 1 abandoned, 1 cancelled")
     assert "requeue" in state.message
     state = _backfill_state(still_open, {}, 60)
+    assert state.is_completed() and state.message is not None
+    assert state.message.startswith("the budget of 60 s ended: 3 of 4 slice(s) loaded")
+    assert "the work runs go on loading" in state.message
+    state = _backfill_state(open_and_abandoned, {}, 60)
     assert state.is_failed() and state.message is not None
-    assert state.message.startswith("the budget of 60 s ended first: 3 of 4 slice(s) loaded")
+    assert "1 abandoned" in state.message and "requeue" in state.message
     state = _backfill_state(still_open, {}, 0)  # asked not to wait
     assert state.is_completed() and state.message is not None
     assert state.message.startswith("not waited for")
@@ -469,9 +521,12 @@ def test_overdue_work_runs_no_longer_count() -> None:
     waiting = run(StateType.SCHEDULED, None)
     lost = run(StateType.RUNNING, 25)  # a 9-minute run that started 25 minutes ago
     myself = run(StateType.RUNNING, 9)
-    counted, overdue = counted_runs([working, waiting, lost, myself], 540, now, myself.id)
-    assert [r.id for r in counted] == [working.id, waiting.id]
-    assert [r.id for r in overdue] == [lost.id]
+    stopping = run(StateType.CANCELLING, 6)  # holds its slot until it has ended
+    stuck = run(StateType.CANCELLING, 30)  # its process is gone: it will never end
+    runs = [working, waiting, lost, myself, stopping, stuck]
+    counted, overdue = counted_runs(runs, 540, now, myself.id)
+    assert [r.id for r in counted] == [working.id, waiting.id, stopping.id]
+    assert [r.id for r in overdue] == [lost.id, stuck.id]
 
 
 def test_the_deployments_plan_every_minute_and_keep_work_runs_going() -> None:
@@ -747,7 +802,14 @@ def test_a_work_run_that_abandons_jobs_ends_failed_and_prefect_sees_why(
     state = work(database=block, queues=["alerts"], budget_seconds=30, until_idle=True,
                  idle_grace_seconds=0, return_state=True)  # fmt: skip
     assert state.is_failed()
-    assert state.message is not None and state.message.startswith("3 job(s) abandoned")
+    assert state.message is not None
+    assert state.message.startswith(
+        "1 new cause(s) of abandoned jobs, waiting for a human: stuck (queue alerts): Abandon: "
+        "the account was closed (cause "
+    )
+    cause_id = str(loaded.app.failures("alerts", status="abandoned")["cause_id"].iloc[0])
+    assert f"`synclane requeue --queue alerts --owner stuck --cause-id {cause_id}`" in state.message
+    assert "`synclane cancel --queue alerts --owner stuck --reason 'account gone'`" in state.message
     _, report = published(artifact_key(table_identity(loaded.app), "work"))
     assert "## Abandoned" in report and "Abandon: the account was closed" in report
 
@@ -760,17 +822,59 @@ def test_a_work_run_that_abandons_jobs_ends_failed_and_prefect_sees_why(
 
     found = eventually(arrived, 30, f"the events {wanted} on the server")
     assert {e["event"] for e in found} == {f"synclane.job.{kind}" for kind in wanted}
-    abandoned = next(e for e in found if e["event"] == "synclane.job.abandoned")
-    assert abandoned["resource"]["synclane.owner"] == "stuck"
-    assert abandoned["resource"]["synclane.queue"] == "alerts"
-    assert abandoned["payload"]["error"] == "Abandon: the account was closed"
-    roles = {r["prefect.resource.role"]: r["prefect.resource.id"] for r in abandoned["related"]}
+    abandoned = [e for e in found if e["event"] == "synclane.job.abandoned"]
+    assert sorted(e["resource"]["synclane.repeat"] for e in abandoned) == ["false", "true", "true"]
+    first = next(e for e in abandoned if e["resource"]["synclane.repeat"] == "false")
+    assert first == min(abandoned, key=lambda e: str(e["occurred"]))  # the first abandoned
+    assert first["resource"]["synclane.owner"] == "stuck"
+    assert first["resource"]["synclane.queue"] == "alerts"
+    assert first["resource"]["synclane.cause_id"] == cause_id
+    assert first["payload"]["error"] == "Abandon: the account was closed"
+    assert first["payload"]["cause"] == "Abandon: the account was closed"
+    roles = {r["prefect.resource.role"]: r["prefect.resource.id"] for r in first["related"]}
     assert roles["owner"] == f"synclane.owner.{table}.stuck"
     assert roles["queue"] == f"synclane.queue.{table}.alerts"
     assert roles["type"] == f"synclane.type.{table}.alerts.orders"
     assert roles["flow-run"] == f"prefect.flow-run.{state.state_details.flow_run_id}"
+    deferred = next(e for e in found if e["event"] == "synclane.job.deferred")
+    assert re.fullmatch(r"RuntimeError: order <n> not found", deferred["payload"]["cause"])
     finished = next(e for e in found if e["event"] == "synclane.job.first_load_finished")
     assert finished["resource"]["synclane.owner"] == "fine"
+
+    # The account stays broken: its next job is abandoned for the same cause. That run does
+    # not fail again, and its event says the cause already waited for a human.
+    loaded.app.enqueue("alerts", "stuck", "orders")
+    again = work(database=block, queues=["alerts"], budget_seconds=30, until_idle=True,
+                 idle_grace_seconds=0, return_state=True)  # fmt: skip
+    assert again.is_completed(), again.message
+    assert again.result().get("abandoned") == 1
+
+
+def test_an_attempt_that_will_be_retried_reaches_prefect_as_a_failed_event(
+    block: str, prefect_server: str, loaded: ModuleType
+) -> None:
+    """globex's order history fails; each slice is retried in an hour: one
+    `synclane.job.failed` per attempt, with its attempt, retry time and masked cause."""
+    table = table_identity(loaded.app).slug
+    plan(database=block, queue="shops")
+    began = datetime.now(UTC)
+    work(database=block, queues=["shops"], budget_seconds=30, until_idle=True)
+    failures = loaded.app.failures("shops")
+    (cause_id,) = failures["cause_id"]
+    found = eventually(
+        lambda: [e for e in server_events(prefect_server, table)
+                 if e["event"] == "synclane.job.failed"] or None,
+        30, "failed events on the server",
+    )  # fmt: skip
+    assert len(found) == 2 and {e["resource"]["synclane.owner"] for e in found} == {"globex"}
+    for event in found:
+        payload = event["payload"]
+        assert payload["attempt"] == 1
+        assert payload["cause"] == "LookupError: order <n> not found"
+        assert payload["cause_id"] == event["resource"]["synclane.cause_id"] == cause_id
+        assert re.fullmatch(r"LookupError: order \d+ not found", payload["error"])
+        retry = datetime.fromisoformat(payload["until"])
+        assert began + timedelta(minutes=50) < retry < began + timedelta(minutes=70)
 
 
 def test_a_lost_lease_reaches_prefect_as_an_event(
@@ -811,14 +915,28 @@ class Webhook(BaseHTTPRequestHandler):
         pass
 
 
-def test_the_automation_of_flows_alerts_py_notifies_on_an_abandoned_job(
+def test_the_automation_of_flows_alerts_py_notifies_once_per_owner_and_cause(
     block: str, prefect_server: str, loaded: ModuleType, tmp_path: Path
 ) -> None:
+    """Three jobs of one broken account abandoned for one cause: one notification. Its next
+    job, abandoned for the same cause: none. Requeued and abandoned again: one more."""
     from prefect.blocks.notifications import CustomWebhookNotificationBlock
 
     server = HTTPServer(("127.0.0.1", 0), Webhook)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     Webhook.received.clear()
+    table = table_identity(loaded.app).slug
+
+    def work_alerts() -> None:
+        state = work(database=block, queues=["alerts"], budget_seconds=30, until_idle=True,
+                     idle_grace_seconds=0, fail_on_abandoned=False, return_state=True)  # fmt: skip
+        assert state.is_completed()  # jobs were abandoned, and the run was told not to fail
+
+    def abandoned_events() -> int:
+        return sum(
+            e["event"] == "synclane.job.abandoned" for e in server_events(prefect_server, table)
+        )
+
     try:
         CustomWebhookNotificationBlock(
             name="synclane-test",
@@ -836,18 +954,28 @@ def test_the_automation_of_flows_alerts_py_notifies_on_an_abandoned_job(
         assert done.stdout.startswith("automation 'synclane: job abandoned' created: ")
 
         plan(database=block, queue="alerts")
-        state = work(database=block, queues=["alerts"], budget_seconds=30, until_idle=True,
-                     idle_grace_seconds=0, fail_on_abandoned=False, return_state=True)  # fmt: skip
-        assert state.is_completed()  # jobs were abandoned, and the run was told not to fail
-        eventually(lambda: len(Webhook.received) >= 3, 60, "three notifications")
+        work_alerts()
+        eventually(lambda: len(Webhook.received) >= 1, 60, "a notification")
+        loaded.app.enqueue("alerts", "stuck", "orders")  # the account's next job
+        work_alerts()
+        eventually(lambda: abandoned_events() == 4, 30, "the fourth abandoned event")
+        time.sleep(10)  # what the automation would have sent by now
+        assert len(Webhook.received) == 1
+        assert loaded.app.requeue("alerts", owner="stuck") == 4
+        work_alerts()
+        eventually(lambda: len(Webhook.received) >= 2, 60, "a notification after the requeue")
     finally:
         server.shutdown()
-    table = table_identity(loaded.app).slug
+    time.sleep(5)
+    assert len(Webhook.received) == 2
     subjects = {n["subject"] for n in Webhook.received}
-    assert subjects == {"synclane: job stuck abandoned"}
+    assert subjects == {"synclane: stuck waits for a human"}
     body = Webhook.received[0]["body"]
-    assert "of queue alerts was abandoned and waits for a human" in body
-    assert "error: Abandon: the account was closed" in body and f"table: {table}" in body
+    assert "of queue alerts was abandoned" in body and f"table: {table}" in body
+    assert "error: Abandon: the account was closed" in body
+    cause_id = str(loaded.app.failures("alerts", status="abandoned")["cause_id"].iloc[0])
+    assert f"synclane requeue --queue alerts --owner stuck --cause-id {cause_id}" in body
+    assert "synclane cancel --queue alerts --owner stuck" in body
 
 
 def test_the_automation_yaml_in_the_docs_is_the_one_flows_alerts_py_installs() -> None:
@@ -865,6 +993,259 @@ def test_the_automation_yaml_in_the_docs_is_the_one_flows_alerts_py_installs() -
         exclude={"id"}
     )
     assert [a.type for a in from_docs.actions] == ["send-notification"]
+
+
+def test_a_backfill_whose_budget_ends_while_slices_load_ends_completed(
+    block: str, loaded: ModuleType
+) -> None:
+    """The docs' example (`budget_seconds=20`) on a day like any other: the work runs are busy
+    elsewhere, the budget ends, the run says how far history is and ends Completed."""
+    plan(database=block, queue="shops")
+    state = backfill(queue="shops", type="orders", horizon_days=120, database=block,
+                     budget_seconds=1, poll_seconds=0.5, return_state=True)  # fmt: skip
+    assert state.is_completed(), state.message
+    assert state.message is not None
+    assert state.message.startswith("the budget of 1 s ended: 0 of 12 slice(s) loaded")
+    assert state.result()["open"] == 12
+
+
+def test_flows_alerts_py_says_in_one_line_what_is_missing(
+    block: str, prefect_server: str, tmp_path: Path
+) -> None:
+    alerts = str(ROOT / "flows" / "alerts.py")
+    env = prefect_env(prefect_server, tmp_path)
+    cases = [
+        (env, "custom-webhook/no-such-block", "no block 'custom-webhook/no-such-block'"),
+        (
+            {**env, "PREFECT_API_URL": "http://127.0.0.1:1/api", "PREFECT_CLIENT_MAX_RETRIES": "0"},
+            "custom-webhook/x",
+            "cannot reach the Prefect API at http://127.0.0.1:1/api",
+        ),
+        (env, f"synclane-database/{BLOCK}", "not a notification block"),
+    ]
+    for environment, block_name, said in cases:
+        done = subprocess.run(
+            [sys.executable, alerts, block_name],
+            capture_output=True, text=True, env=environment, timeout=180,
+        )  # fmt: skip
+        assert done.returncode == 1, done.stderr
+        assert "Traceback" not in done.stderr, done.stderr
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1, done.stderr
+        assert lines[0].startswith("flows/alerts.py: ") and said in lines[0], lines[0]
+
+
+def test_three_schemas_that_differ_only_by_case_or_punctuation_publish_apart(
+    prefect_server: str, dsn: str, schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One database, three tables whose schemas Prefect's keys would all spell alike: each
+    plan run publishes a progress table of its own, none a version of another's."""
+    names = [f"{schema}_a", f"{schema.upper()}_A", f"{schema}-a"]
+    apps = {f"table{number}": prefect_app.build(dsn, name) for number, name in enumerate(names)}
+    module = ModuleType("three_tables")
+    vars(module).update(apps)
+    monkeypatch.setitem(sys.modules, "three_tables", module)
+    try:
+        tables = [table_identity(app) for app in apps.values()]
+        for attribute in apps:
+            assert plan(app_path=f"three_tables:{attribute}", queue="slow") == {"slow": 1}
+        keys = {artifact_key(table, "progress", "slow") for table in tables}
+        assert len(keys) == 3
+        assert all(versions(key) == 1 for key in keys)
+        event = Event(kind="abandoned", queue="slow", job_id=1, owner="initech", lane="initech",
+                      type="catalog", mode="initial", worker="vm:1")  # fmt: skip
+        ids = {prefect_event(event, table)["resource"]["prefect.resource.id"] for table in tables}
+        assert len(ids) == 3
+    finally:
+        for app in apps.values():
+            app.close()
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            for name in names:
+                conn.execute(
+                    sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name))
+                )
+
+
+def test_a_served_name_that_serves_another_table_is_refused(
+    prefect_server: str, dsn: str, schema: str
+) -> None:
+    """One app path served for two tables on one Prefect server (staging and production): the
+    deployments name the table they serve, serving the second table under the first one's
+    name is refused, and under a name of its own it is served beside it."""
+    from prefect.client.orchestration import get_client
+
+    ours, theirs = prefect_app.build(dsn, schema), prefect_app.build(dsn, f"{schema}_b")
+    try:
+        mine, other = table_identity(ours), table_identity(theirs)
+        name = f"app-{schema}"
+        for deployment in deployments("prefect_app:app", name=name, table=mine):
+            called(deployment.apply())
+        with get_client(sync_client=True) as client:
+            served = client.read_deployment_by_name(f"synclane-work/{name}")
+        assert f"synclane-table:{mine.slug}" in served.tags
+        assert served.description is not None and mine.label in served.description
+        assert "password" not in served.description and dsn not in served.description
+        check_served_names(deployments("prefect_app:app", name=name, table=mine))  # the same
+        with pytest.raises(ConfigError) as refused:
+            check_served_names(deployments("prefect_app:app", name=name, table=other))
+        message = str(refused.value)
+        assert f"deployment 'synclane-plan/{name}' serves the table {mine.slug}" in message
+        assert "--name" in message and other.slug in message
+        check_served_names(deployments("prefect_app:app", name=f"{name}-b", table=other))
+    finally:
+        ours.close()
+        theirs.close()
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(
+                sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(f"{schema}_b"))
+            )
+
+
+def test_a_run_of_a_deployment_that_serves_another_table_fails_at_its_start(
+    prefect_server: str, loaded: ModuleType, schema: str
+) -> None:
+    """Two processes that serve one name for two tables anyway (older deployments, or two
+    `serve` started at once): a run whose deployment names another table than its process's
+    app fails at once, naming both, and changes nothing."""
+    from prefect.client.orchestration import get_client
+    from prefect.flow_engine import run_flow
+
+    other = TableIdentity("elsewhere", "0badc0de", "synclane")
+    name = f"mixed-{schema}"
+    for deployment in deployments("prefect_app:app", name=name, table=other):
+        called(deployment.apply())
+    with get_client(sync_client=True) as client:
+        found = client.read_deployment_by_name(f"synclane-requeue/{name}")
+        flow_run = client.create_flow_run_from_deployment(found.id, parameters={"queue": "shops"})
+    state = run_flow(
+        requeue,
+        flow_run=flow_run,
+        parameters={"queue": "shops", "app_path": "prefect_app:app"},
+        return_type="state",
+    )
+    assert isinstance(state, State) and state.is_failed()
+    with pytest.raises(ConfigError) as raised:
+        state.result()
+    mine = table_identity(loaded.app).slug
+    assert str(raised.value).startswith(
+        "this run's deployment serves the table elsewhere-0badc0de-synclane, but the process "
+        f"that runs it has the app of {mine}"
+    )
+
+
+def test_synclane_serve_takes_the_deployments_name(
+    prefect_server: str, loaded: ModuleType, dsn: str, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    import prefect
+
+    from synclane.cli import main
+
+    served: dict[str, Any] = {}
+    monkeypatch.setattr(prefect, "serve", lambda *d, **kw: served.update(deployments=d))
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        assert main(["--dsn", dsn, "--app", "prefect_app:app", "serve", "--name", "staging"]) == 0
+        assert main(["--dsn", dsn, "--app", "prefect_app:app", "serve", "--name", "a/b"]) == 2
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    table = table_identity(loaded.app)
+    assert {d.name for d in served["deployments"]} == {"staging"}
+    assert all(f"synclane-table:{table.slug}" in d.tags for d in served["deployments"])
+    (line,) = [line for line in capsys.readouterr().err.splitlines() if "a/b" in line]
+    assert "--name" in line or "name=" in line
+
+
+def test_plan_backfill_and_requeue_ride_out_a_database_restart(
+    prefect_server: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """On a PostgreSQL of the test's own (the machine's is shared): a plan run started while
+    the database is down, a backfill watching while it restarts, a requeue started while it
+    is down; each waits for it as a worker does, says so once, and ends as on any day."""
+    from test_faults import EmbeddedServer
+
+    caplog.set_level("INFO", logger="synclane")
+    with tempfile.TemporaryDirectory(prefix="synclane-orch-outage-") as directory:
+        server = EmbeddedServer(Path(directory))
+        app = prefect_app.build(server.dsn, "outage")
+        module = ModuleType("outage_app")
+        module.app = app  # type: ignore[attr-defined]
+        monkeypatch.setitem(sys.modules, "outage_app", module)
+        path = "outage_app:app"
+
+        def down_for(seconds: float) -> threading.Thread:
+            server.stop()
+            coming_back = threading.Timer(seconds, server.start)
+            coming_back.start()
+            return coming_back
+
+        try:
+            app.migrate()
+            back = down_for(3)
+            assert plan(app_path=path, queue="shops") == {"shops": 12}
+            back.join()
+
+            ended: dict[str, Any] = {}
+            watching = threading.Thread(
+                target=lambda: ended.update(
+                    state=backfill(queue="shops", type="orders", horizon_days=120,
+                                   owners=["acme-us", "acme-eu"], app_path=path,
+                                   budget_seconds=120, poll_seconds=0.5, return_state=True)
+                ),
+            )  # fmt: skip
+            planned = len(app.jobs("shops", type="orders"))
+            watching.start()
+            eventually(
+                lambda: len(app.jobs("shops", type="orders")) == planned + 4, 60, "the widening"
+            )
+            time.sleep(1)  # the watch's first looks
+            down_for(3).join()
+            loader = prefect_app.build(server.dsn, "outage")
+            loader.run_worker(["shops"], stop_after=60, until_idle=True)
+            loader.close()
+            watching.join(120)
+            state = ended["state"]
+            assert state.is_completed(), state.message
+            assert state.message == "8 of 8 slice(s) loaded (100.0 %)"
+
+            back = down_for(3)
+            assert requeue(queue="shops", owner="globex", app_path=path) == 2
+            back.join()
+        finally:
+            app.close()
+            server.close()
+    lines = [r.getMessage() for r in caplog.records if r.name == "synclane"]
+    for what in ("a plan run", "the backfill of shops.orders", "a requeue run"):
+        assert any(line.startswith(f"{what} cannot reach the database") for line in lines)
+    assert "reached the database again" in lines
+    assert not [r for r in caplog.records if r.levelname == "ERROR" or r.exc_info]
+
+
+def test_synclane_serve_serves_the_table_its_schema_option_names(
+    prefect_server: str, dsn: str, schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`synclane --schema S --app synclane.demo.app:app serve`: the demo's app takes its schema
+    from $SYNCLANE_SCHEMA, set from --schema here and inherited by every served run."""
+    import prefect
+
+    from synclane.cli import main
+    from synclane.prefect.identity import key_part
+
+    served: dict[str, Any] = {}
+    monkeypatch.setattr(prefect, "serve", lambda *d, **kw: served.update(deployments=d))
+    monkeypatch.delitem(sys.modules, "synclane.demo.app", raising=False)
+    monkeypatch.setenv("SYNCLANE_SCHEMA", "synclane")  # restored afterwards, as is the DSN
+    monkeypatch.setenv("SYNCLANE_DSN", dsn)
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        argv = ["--dsn", dsn, "--schema", schema, "--app", "synclane.demo.app:app", "serve"]
+        assert main([*argv, "--name", f"demo-{schema}"]) == 0
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert os.environ["SYNCLANE_SCHEMA"] == schema
+    tags = {tag for d in served["deployments"] for tag in d.tags if tag.startswith("synclane-")}
+    (tag,) = tags
+    assert tag.endswith(f"-{key_part(schema)}")
 
 
 def test_a_cancelled_work_run_hands_its_job_back_with_its_cursor(

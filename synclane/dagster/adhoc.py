@@ -10,6 +10,7 @@ from pydantic import Field
 
 from synclane.app import SyncLane
 from synclane.dagster.names import Names
+from synclane.hosting import through_outage
 from synclane.model import ConfigError, WindowedType
 
 
@@ -55,8 +56,11 @@ def backfill_job(app: SyncLane, names: Names) -> JobDefinition:
     )
     def backfill(context: OpExecutionContext, config: BackfillConfig) -> Output[None]:
         synclane = names.app(context, app)
-        added, percent = widen_history(
-            synclane, config.queue, config.horizon_days, config.type, config.owners
+        added, percent = through_outage(
+            lambda: widen_history(
+                synclane, config.queue, config.horizon_days, config.type, config.owners
+            ),
+            "a backfill run",
         )
         who = "every connected owner" if config.owners is None else ", ".join(config.owners)
         context.log.info(
@@ -134,12 +138,15 @@ def requeue_job(app: SyncLane, names: Names) -> JobDefinition:
     )
     def requeue(context: OpExecutionContext, config: RequeueConfig) -> Output[None]:
         synclane = names.app(context, app)
-        count = synclane.requeue(
-            config.queue,
-            owner=config.owner,
-            type=config.type,
-            cause=config.cause,
-            cause_id=config.cause_id,
+        count = through_outage(
+            lambda: synclane.requeue(
+                config.queue,
+                owner=config.owner,
+                type=config.type,
+                cause=config.cause,
+                cause_id=config.cause_id,
+            ),
+            "a requeue run",
         )
         filters = ", ".join(
             f"{field}={value!r}"

@@ -19,6 +19,7 @@ from dagster import (
 from synclane.app import OwnerSourceError, SyncLane
 from synclane.dagster.names import Names
 from synclane.dagster.reports import NO_ABANDONED_JOBS, QueueReport
+from synclane.hosting import through_outage
 
 # What the plan asset records per queue: its materialization, or only its check.
 Recorded = MaterializeResult[None] | AssetCheckResult
@@ -70,15 +71,15 @@ def plan_assets(app: SyncLane, names: Names) -> AssetsDefinition:
                 continue
             checked = AssetCheckKey(key, NO_ABANDONED_JOBS) in context.selected_asset_check_keys
             try:
-                added = synclane.plan(queue)[queue]
+                added = planned(synclane, queue)
             except OwnerSourceError as error:
                 # The queue was not planned: no materialization, but the check still tells.
                 context.log.error(str(error))
                 broken.append(str(error))
                 if checked:
-                    yield QueueReport.read(synclane, queue).abandoned_check(key, names.requeue)
+                    yield read(synclane, queue).abandoned_check(key, names.requeue)
                 continue
-            report = QueueReport.read(synclane, queue)
+            report = read(synclane, queue)
             context.log.info(
                 "queue %s: %d new job(s); history %d / %d slices loaded (%.1f %%)",
                 queue,
@@ -96,3 +97,12 @@ def plan_assets(app: SyncLane, names: Names) -> AssetsDefinition:
             raise OwnerSourceError("; ".join(broken))
 
     return plan
+
+
+def planned(app: SyncLane, queue: str) -> int:
+    """Plan `queue`, through a short database outage; how many jobs it added."""
+    return through_outage(lambda: app.plan(queue)[queue], f"planning queue {queue}")
+
+
+def read(app: SyncLane, queue: str) -> QueueReport:
+    return through_outage(lambda: QueueReport.read(app, queue), f"reading queue {queue}")

@@ -1,15 +1,17 @@
 """The work job: a synclane worker for a time budget, stopped cleanly when Dagster terminates
-the run, and the schedule that keeps `work_runs` of them going."""
+the run, and the schedule that keeps `work_runs` of them going. A run fails when a job was
+abandoned in it for a new cause (synclane.causes), as a Prefect work run does."""
 
 # No `from __future__ import annotations`: Dagster reads the ops' annotations (context, config)
 # at definition time.
-import queue as queues_module
+from collections.abc import Callable
 from datetime import timedelta
 
 from dagster import (
     Config,
     DagsterRunStatus,
     DefaultScheduleStatus,
+    Failure,
     JobDefinition,
     OpExecutionContext,
     Output,
@@ -26,9 +28,10 @@ from dagster import (
 from pydantic import Field
 
 from synclane.app import SyncLane
+from synclane.causes import Causes, NewCause, Noted, alert, new_causes, repeats
 from synclane.dagster.names import Names
-from synclane.events import Event
-from synclane.hosting import run_until_stopped
+from synclane.events import Kind
+from synclane.hosting import run_until_stopped, through_outage
 from synclane.model import ConfigError
 
 # Runs of the work job that still hold (or may soon hold) a worker.
@@ -58,6 +61,13 @@ class WorkConfig(Config):
         default=False,
         description="End early once no job of these queues runs anywhere or is due soon.",
     )
+    fail_on_abandoned: bool = Field(
+        default=True,
+        description=(
+            "Fail the run when a job was abandoned in it for a new cause (one that did not "
+            "already wait for a human for that owner)."
+        ),
+    )
 
 
 def work_job(app: SyncLane, names: Names, budget: timedelta) -> JobDefinition:
@@ -79,12 +89,13 @@ def work_job(app: SyncLane, names: Names, budget: timedelta) -> JobDefinition:
                 f"budget_seconds={seconds!r} must be a number of seconds > 0, e.g. 540: how long "
                 "the run works before it hands its jobs back"
             )
-        events: queues_module.SimpleQueue[Event] = queues_module.SimpleQueue()
+        through_outage(synclane.check_schema, "a work run")
+        causes = Causes(synclane, LOGGED)
         worker = synclane.worker(
             config.queues,
             stop_after=seconds,
             until_idle=config.until_idle,
-            on_event=events.put,
+            on_event=causes,
         )
         context.log.info(
             "working queues %s for up to %.0f s as %s",
@@ -92,29 +103,41 @@ def work_job(app: SyncLane, names: Names, budget: timedelta) -> JobDefinition:
             seconds,
             synclane.worker_name,
         )
+        # With the `synclane` logger captured by Dagster, the worker's own lines tell of each
+        # job; the op then does not tell it again.
+        per_job = not synclane_logger_managed(context)
+        told: list[Noted] = []
 
-        handed_back: list[Event] = []
-
-        def log_events() -> None:
-            while not events.empty():
-                event = events.get_nowait()
-                if event.kind == "handed_back":
-                    handed_back.append(event)
-                log_event(context, event, names)
+        def log_events(final: bool = False) -> None:
+            for noted in causes.take(final=final):
+                told.append(noted)
+                if per_job:
+                    log_event(context, noted, names)
 
         try:
             report = run_until_stopped(worker, between_polls=log_events)
         except BaseException as stop:
+            log_events(final=True)
             if not isinstance(stop, Exception):  # a termination, not a failure of the worker
+                handed_back = sum(n.event.kind == "handed_back" for n in told)
                 context.log.warning(
                     "run stopped by %s: the worker handed back %d running job(s) with their "
                     "cursors",
                     type(stop).__name__,
-                    len(handed_back),
+                    handed_back,
                 )
             raise
+        log_events(final=True)
         context.log.info("worker report: %s", report or "nothing to do")
-        return Output(None, metadata={kind: count for kind, count in sorted(report.items())})
+        metadata = {kind: count for kind, count in sorted(report.items())}
+        new = new_causes(told)
+        if config.fail_on_abandoned and new:
+            raise Failure(
+                description=alert(new, repeats(told, new), _requeue_job(names)),
+                metadata=metadata,
+                allow_retries=False,
+            )
+        return Output(None, metadata=metadata)
 
     @job(
         name=names.work,
@@ -130,10 +153,38 @@ def work_job(app: SyncLane, names: Names, budget: timedelta) -> JobDefinition:
     return bounded_work
 
 
-def log_event(context: OpExecutionContext, event: Event, names: Names) -> None:
+# What the work op tells the run's log of: what a team acts on.
+LOGGED: tuple[Kind, ...] = ("abandoned", "deferred", "handed_back", "first_load_finished")
+
+
+def synclane_logger_managed(context: OpExecutionContext) -> bool:
+    """Whether the instance captures the `synclane` logger (`python_logs:
+    managed_python_loggers` in dagster.yaml): its lines then reach the run's log already."""
+    settings = context.instance.get_settings("python_logs") or {}
+    managed = settings.get("managed_python_loggers") or []
+    return "synclane" in managed or "root" in managed
+
+
+def _requeue_job(names: Names) -> Callable[[NewCause], str]:
+    def launch(cause: NewCause) -> str:
+        which = f", cause_id={cause.cause_id!r}" if cause.cause_id else ""
+        return f"{names.requeue} with queue={cause.queue!r}, owner={cause.owner!r}{which}"
+
+    return launch
+
+
+def log_event(context: OpExecutionContext, noted: Noted, names: Names) -> None:
     """Tell the run's log what a team acts on: what failed for good, what was handed back."""
+    event = noted.event
     job = f"job {event.job_id} ({event.queue}/{event.owner} {event.type}, {event.mode})"
-    if event.kind == "abandoned":
+    if event.kind == "abandoned" and noted.repeat:
+        context.log.warning(
+            "%s abandoned again for cause %s, which already waits for a human (no new alert): %s",
+            job,
+            noted.cause_id,
+            event.error,
+        )
+    elif event.kind == "abandoned":
         context.log.error(
             "%s abandoned after attempt %d: %s; it waits for a fix and a requeue (%s with "
             "queue=%r, owner=%r)",

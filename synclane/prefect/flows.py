@@ -9,6 +9,7 @@ The sync state stays in PostgreSQL: a flow run holds nothing that another run or
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
@@ -27,13 +28,23 @@ from prefect.artifacts import (
 from prefect.client.schemas.objects import State
 from prefect.context import FlowRunContext
 from prefect.events import emit_event
-from prefect.states import Completed, Failed
+from prefect.states import Cancelled, Completed, Failed
 
 from synclane.app import SyncLane
-from synclane.events import Event
+from synclane.causes import Causes, Noted
+from synclane.hosting import through_outage
 from synclane.model import ConfigError
 from synclane.prefect.blocks import SyncLaneDatabase
 from synclane.prefect.identity import TableIdentity, artifact_key, table_identity
+from synclane.prefect.lifecycle import (
+    RunWatch,
+    after_crash,
+    after_run,
+    forget,
+    wants_successor,
+    work_began,
+    work_ended,
+)
 from synclane.prefect.operations import (
     STOP_GRACE_SECONDS,
     WORK_BUDGET_SECONDS,
@@ -49,7 +60,7 @@ from synclane.prefect.operations import (
     worth_publishing,
 )
 from synclane.prefect.reporting import PREFECT_EVENT_KINDS, WorkLog, prefect_event, work_outcome
-from synclane.prefect.runs import keep_work_runs, latest_table
+from synclane.prefect.runs import keep_work_runs, latest_table, served_table
 
 __all__ = ["WORK_BUDGET_SECONDS", "backfill", "plan", "requeue", "work"]
 
@@ -98,6 +109,23 @@ def _this_run() -> tuple[UUID | None, UUID | None]:
     return context.flow_run.id, context.flow_run.deployment_id
 
 
+def _table_of(app: SyncLane, what: str) -> TableIdentity:
+    """The app's table; in a run of a served deployment, the table the deployment serves (its
+    tag): two processes that serve one deployment name for two tables would otherwise each
+    run the other's runs on their own table."""
+    table = through_outage(lambda: table_identity(app), what)
+    context = FlowRunContext.get()
+    tags = context.flow_run.tags if context is not None and context.flow_run is not None else []
+    served = served_table(tags)
+    if served is not None and served != table.slug:
+        raise ConfigError(
+            f"this run's deployment serves the table {served}, but the process that runs it "
+            f"has the app of {table.slug}: two `synclane serve` processes serve one deployment "
+            "name for two tables; give each table a name of its own (synclane serve --name)"
+        )
+    return table
+
+
 RunLogger = logging.Logger | logging.LoggerAdapter[Any]
 
 
@@ -140,10 +168,11 @@ def plan(
     logger = get_run_logger()
     try:
         queues = check_queues(app, None if queue is None else [queue])
-        added = app.plan(queue)
+        table = _table_of(app, "a plan run")
+        added = through_outage(lambda: app.plan(queue), "a plan run")
         for name, count in added.items():
             logger.info("queue %s: %d new job(s)", name, count)
-        _publish_progress(app, queues, added, timedelta(minutes=artifacts_every_minutes))
+        _publish_progress(app, table, queues, added, timedelta(minutes=artifacts_every_minutes))
     finally:
         # Work goes on even when planning failed (an owner source that is down).
         if work_deployment:
@@ -152,14 +181,19 @@ def plan(
 
 
 def _publish_progress(
-    app: SyncLane, queues: list[str], added: dict[str, int], every: timedelta
+    app: SyncLane,
+    table: TableIdentity,
+    queues: list[str],
+    added: dict[str, int],
+    every: timedelta,
 ) -> None:
-    table = table_identity(app)
     progress: dict[str, list[Row]] = {}
     changed = False
     now = datetime.now(UTC)
     for name in queues:
-        rows = progress[name] = progress_rows(app, name)
+        rows = progress[name] = through_outage(
+            functools.partial(progress_rows, app, name), "a plan run reading progress"
+        )
         key = artifact_key(table, "progress", name)
         previous, previous_at = latest_table(key)
         if worth_publishing(rows, previous, previous_at, now, every):
@@ -181,19 +215,35 @@ def _publish_progress(
 
 
 class PrefectEvents:
-    """A worker listener that sends the events a team alerts on to Prefect (see
-    `synclane.prefect.reporting`). `emit_event` only queues the event for Prefect's own sender
-    thread, so the listener returns at once, as the worker's event loop needs."""
+    """Sends the events a team alerts on to Prefect (see `synclane.prefect.reporting`), from
+    the flow's own thread: a `Causes` listener keeps them on the worker's loop, `send` reads
+    their causes (one statement) and emits them. Keeps every event it sent with its cause, for
+    the run's outcome."""
 
-    def __init__(self, table: TableIdentity) -> None:
+    def __init__(self, app: SyncLane, table: TableIdentity) -> None:
         self.table = table
+        self.listener = Causes(app, PREFECT_EVENT_KINDS)
+        self.sent: list[Noted] = []
+        self._said = False
 
-    def __call__(self, event: Event) -> None:
-        if event.kind in PREFECT_EVENT_KINDS:
-            emit_event(**prefect_event(event, self.table))
+    def send(self, *, final: bool = False) -> None:
+        for noted in self.listener.take(final=final):
+            self.sent.append(noted)
+            try:
+                emit_event(**prefect_event(noted.event, self.table, noted))
+            except Exception as error:  # an event lost costs no job and ends no run
+                if not self._said:
+                    self._said = True
+                    logging.getLogger("synclane").warning("could not send an event: %s", error)
 
 
-@flow(name="synclane-work")
+@flow(
+    name="synclane-work",
+    on_completion=[after_run],
+    on_failure=[after_run],
+    on_crashed=[after_crash],
+    on_cancellation=[forget],
+)
 def work(
     database: str | None = None,
     app_path: str | None = None,
@@ -209,23 +259,30 @@ def work(
     cursors and return what the slots did. A page in flight when the budget ends may end within
     `stop_grace_seconds`; a job whose page was cut off 3 times in a row with nothing saved fails
     an attempt with an error that names the stop grace (a page longer than the budget). Sends
-    Prefect events for deferred and abandoned jobs, finished first loads, throttled lanes and
-    lost leases; publishes a report artifact.
-    The run ends Failed when a job was abandoned in it (unless `fail_on_abandoned` is off). A
-    run of a deployment that used its whole budget asks for its successor. A cancelled run
-    hands its jobs back through the same path before it ends."""
+    Prefect events for failed attempts, deferred and abandoned jobs, finished first loads,
+    throttled lanes and lost leases; publishes a report artifact.
+    The run ends Failed when a job was abandoned in it for a new cause (synclane.causes; unless
+    `fail_on_abandoned` is off). A run of a deployment that used its whole budget, or crashed
+    after working a while, starts its successor once it has ended. A cancelled run hands its
+    jobs back through the same path before it ends, also when its runner no longer passes the
+    cancel on (the run watches its own state), and so does a run whose deployment was deleted."""
+    run_id, deployment_id = _this_run()
+    if run_id is not None:
+        work_began(run_id)
     app = app_for(database, app_path)
     logger = get_run_logger()
     names = check_queues(app, queues)
-    table = table_identity(app)
+    table = _table_of(app, "a work run")
+    through_outage(app.check_schema, "a work run")
     worklog = WorkLog()
+    events = PrefectEvents(app, table)
     worker = app.worker(
         names,
         budget_seconds,
         until_idle=until_idle,
         idle_grace=idle_grace_seconds,
         stop_grace=stop_grace_seconds,
-        on_event=[worklog, PrefectEvents(table)],
+        on_event=[worklog, events.listener],
     )
     logger.info(
         "working queues %s of %s for up to %.0f s as %s",
@@ -234,27 +291,34 @@ def work(
         budget_seconds,
         app.worker_name,
     )
+    watch = None
+    if run_id is not None and deployment_id is not None:
+        watch = RunWatch(worker, run_id, deployment_id).start()
     began = time.monotonic()
     interruption: BaseException | None = None
     try:
-        report = run_worker_until_stopped(worker)
+        report = run_worker_until_stopped(worker, between_polls=events.send)
     except BaseException as error:
         interruption = error
         raise
     finally:
+        if watch is not None:
+            watch.close()
+        events.send(final=True)
         seconds = time.monotonic() - began
-        ended = _why_it_stopped(interruption, until_idle, seconds, budget_seconds)
+        stopped = None if watch is None else watch.reason
+        ended = _why_it_stopped(interruption, stopped, until_idle, seconds, budget_seconds)
         _publish_work_report(worklog, names, app, table, seconds, ended, dict(worker.report))
     logger.info("worker report: %s", report or "nothing to do")
-    run_id, deployment_id = _this_run()
-    if deployment_id is not None and ended == BUDGET_USED:
-        # Ask for the successor now rather than at the next planning run: the run's slot in
-        # the deployment's limit is free within seconds. The plan runs start it otherwise.
-        try:
-            _keep_work_runs(deployment_id, logger, exclude=run_id)
-        except Exception as error:  # the Prefect API is away: not a reason to fail this run
-            logger.warning("could not start this run's successor: %s", error)
-    failure = work_outcome(report, worklog, fail_on_abandoned)
+    if stopped is not None:
+        if run_id is not None:
+            work_ended(run_id)  # no successor
+        return Cancelled(message=f"{ended}; no successor is started")
+    if run_id is not None and deployment_id is not None and ended == BUDGET_USED:
+        # Started by the run's hook once its final state is recorded (after_run): by
+        # then its slot in the deployment's limit is free. The plan runs start it otherwise.
+        wants_successor(run_id)
+    failure = work_outcome(report, events.sent, fail_on_abandoned)
     if failure is not None:
         return Failed(message=failure)
     return report
@@ -264,10 +328,16 @@ BUDGET_USED = "its time budget was used"
 
 
 def _why_it_stopped(
-    interruption: BaseException | None, until_idle: bool, seconds: float, budget: float
+    interruption: BaseException | None,
+    stopped: str | None,
+    until_idle: bool,
+    seconds: float,
+    budget: float,
 ) -> str:
     if interruption is not None:
         return f"it was interrupted ({type(interruption).__name__}) and handed its jobs back"
+    if stopped is not None:
+        return f"{stopped}, and it handed its jobs back"
     if until_idle and seconds < budget - 1:
         return "nothing was left to do"
     return BUDGET_USED
@@ -315,19 +385,21 @@ def backfill(
     """Widen the history of one windowed type back to `horizon_days` for every connected owner
     (or only `owners`), then report in a progress artifact how far it is loaded, until every
     slice is loaded or stopped for good (abandoned, cancelled) or `budget_seconds` have passed
-    (0: do not wait). The work deployment's runs do the loading. Ends Completed when every
-    slice loaded (or it did not wait), Failed when some were stopped for good or the budget
-    ended first; the state's message says which."""
+    (0: do not wait). The work deployment's runs do the loading. Ends Failed when some slices
+    were stopped for good (they load only once requeued), else Completed: every slice loaded,
+    or it did not wait, or the budget ended while slices still load; the message says which."""
     app = app_for(database, app_path)
     logger = get_run_logger()
     check_queues(app, [queue])
+    table = _table_of(app, "a backfill run")
     horizon = timedelta(days=horizon_days)
-    added = widen_history(app, queue, type, horizon, owners)
+    added = through_outage(
+        lambda: widen_history(app, queue, type, horizon, owners), "a backfill run"
+    )
     who = "every connected owner" if owners is None else ", ".join(owners)
     logger.info(
         "%s.%s back to %s days for %s: %d new slice(s)", queue, type, horizon_days, who, added
     )
-    table = table_identity(app)
     artifact_id = called(
         create_progress_artifact(
             0.0,
@@ -363,22 +435,25 @@ def backfill(
 
 
 def _backfill_state(history: History, result: dict[str, Any], budget_seconds: float) -> State:
+    """Failed only when a slice will not load without a human (abandoned, cancelled); a budget
+    that ends while slices still load is how a long backfill ends, not a failure."""
     if budget_seconds <= 0:
         return Completed(message=f"not waited for: {history.describe()}", data=result)
-    if history.settled and history.loaded == history.total:
-        return Completed(message=history.describe(), data=result)
-    if history.settled:
+    if history.abandoned or history.cancelled:
         return Failed(
             message=(
                 f"{history.describe()}: the stopped slices load only once requeued (the "
                 "requeue flow, or app.requeue)"
             )
         )
-    return Failed(
+    if history.settled:
+        return Completed(message=history.describe(), data=result)
+    return Completed(
         message=(
-            f"the budget of {budget_seconds:.0f} s ended first: {history.describe()}; the work "
-            "runs go on loading them"
-        )
+            f"the budget of {budget_seconds:.0f} s ended: {history.describe()}; the work runs go "
+            "on loading them (the progress artifacts and `synclane progress` follow them)"
+        ),
+        data=result,
     )
 
 
@@ -397,7 +472,11 @@ def requeue(
     `cause_id`) fresh attempts; cursors are kept."""
     app = app_for(database, app_path)
     check_queues(app, [queue])
-    count = app.requeue(queue, owner=owner, type=type, cause=cause, cause_id=cause_id)
+    _table_of(app, "a requeue run")
+    count = through_outage(
+        lambda: app.requeue(queue, owner=owner, type=type, cause=cause, cause_id=cause_id),
+        "a requeue run",
+    )
     filters = ", ".join(
         f"{name}={value!r}"
         for name, value in (

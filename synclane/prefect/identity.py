@@ -21,7 +21,8 @@ from synclane.app import SyncLane
 class TableIdentity:
     """A jobs table: the database's name, a digest that tells databases of that name apart, and
     the schema. `slug` is all three in lowercase letters, digits and dashes, e.g.
-    'shop-3f2a9c1b-synclane'."""
+    'shop-3f2a9c1b-synclane' (the digest covers the database's name as it is; a schema that is
+    not plain lowercase letters and digits carries a digest of its own, see `key_part`)."""
 
     database: str
     digest: str
@@ -29,7 +30,7 @@ class TableIdentity:
 
     @property
     def slug(self) -> str:
-        return slugify(f"{self.database}-{self.digest}-{self.schema}")
+        return f"{slugify(self.database) or 'db'}-{self.digest}-{key_part(self.schema)}"
 
     @property
     def label(self) -> str:
@@ -69,7 +70,20 @@ def slugify(text: str) -> str:
     return re.sub(r"-{2,}", "-", re.sub(r"[^a-z0-9-]", "-", text.lower())).strip("-")
 
 
+_PLAIN = re.compile(r"[a-z0-9]+")
+
+
+def key_part(name: str) -> str:
+    """A name (a schema, a queue, a type) in a key: as it is when it is plain lowercase letters
+    and digits, else its slug and 8 hex digits of its digest, so that names that differ only by
+    case or punctuation ('orch_a', 'Orch_A', 'orch-a') never share a key: 'orch-a-1c3e5a7b'."""
+    if _PLAIN.fullmatch(name):
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:8]
+    return f"{slugify(name)}-{digest}".lstrip("-")
+
+
 def artifact_key(table: TableIdentity, *parts: str) -> str:
-    """The key of an artifact about this table: 'synclane-<table slug>-<parts>', e.g.
-    'synclane-shop-3f2a9c1b-synclane-progress-orders'."""
-    return slugify("-".join(["synclane", table.slug, *parts])) or "synclane"
+    """The key of an artifact about this table: 'synclane-<table slug>-<parts>', each part as
+    `key_part` writes it, e.g. 'synclane-shop-3f2a9c1b-synclane-progress-orders'."""
+    return "-".join(["synclane", table.slug, *map(key_part, parts)])

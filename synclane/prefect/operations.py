@@ -17,9 +17,10 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from synclane.app import SyncLane
-from synclane.hosting import run_until_stopped
+from synclane.hosting import AWAY, run_until_stopped, through_outage
 from synclane.loading import load_app, split_app_path
 from synclane.model import ConfigError, WindowedType
+from synclane.worker.outage import Outage
 
 __all__ = ["load_app", "split_app_path"]  # re-exported: the flows and the block load apps here
 
@@ -160,7 +161,11 @@ def worth_publishing(
 
 
 def run_worker_until_stopped(
-    worker: Worker, *, poll_seconds: float = 0.5, stop_timeout: float | None = None
+    worker: Worker,
+    *,
+    poll_seconds: float = 0.5,
+    stop_timeout: float | None = None,
+    between_polls: Callable[[], object] | None = None,
 ) -> dict[str, int]:
     """Run `worker` in a thread of its own and wait for its report (synclane.hosting): whatever
     interrupts the waiting thread (Prefect's `TerminationSignal` when a run is cancelled, a
@@ -168,10 +173,13 @@ def run_worker_until_stopped(
     back to `pending` with its last saved cursor. The wait for that hand-back lasts the worker's
     stop grace plus a minute unless `stop_timeout` says otherwise. The worker thread runs in a
     copy of the caller's context, so that log lines of the `synclane` logger are attributed to
-    the caller's Prefect flow run."""
+    the caller's Prefect flow run. `between_polls` runs in the waiting thread (sending what the
+    listeners collected)."""
     if stop_timeout is None:
         stop_timeout = worker.stop_grace.total_seconds() + 60.0
-    return run_until_stopped(worker, poll_seconds=poll_seconds, stop_timeout=stop_timeout)
+    return run_until_stopped(
+        worker, poll_seconds=poll_seconds, stop_timeout=stop_timeout, between_polls=between_polls
+    )
 
 
 # -- backfill ------------------------------------------------------------------------------
@@ -284,13 +292,26 @@ def watch_history(
 ) -> tuple[History, list[Row]]:
     """Report where the history of `type` stands (for `owners`, or all) every `poll_seconds`,
     until every slice is loaded or stopped for good, or `budget_seconds` have passed. Returns
-    the last state and progress rows. Workers do the loading; this only looks."""
+    the last state and progress rows. Workers do the loading; this only looks. A look that
+    cannot reach the database (a restart) is said once and tried again at the next poll, as
+    long as the budget lasts; the first look waits for the database as `through_outage` does."""
     deadline = time.monotonic() + budget_seconds
-    while True:
+    outage = Outage()
+
+    def look() -> tuple[History, list[Row]]:
         rows = progress_rows(app, queue, owners=owners, type=type)
-        history = history_of(app, queue, type, owners, rows)
+        return history_of(app, queue, type, owners, rows), rows
+
+    history, rows = through_outage(look, f"the backfill of {queue}.{type}")
+    while True:
         report(history, rows)
         remaining = deadline - time.monotonic()
         if history.settled or remaining <= 0:
             return history, rows
         sleep(min(poll_seconds, remaining))
+        try:
+            history, rows = look()
+        except AWAY as error:
+            outage.lost(f"the backfill of {queue}.{type}", error)
+        else:
+            outage.reached()

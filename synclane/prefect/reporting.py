@@ -25,13 +25,16 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from synclane.causes import NewCause, Noted, alert, new_causes, repeats
 from synclane.events import Event, Kind
 from synclane.prefect.identity import TableIdentity
 
-# What becomes a Prefect event: a job that will not finish without help (deferred, abandoned),
-# an account's history fully loaded, a lane told to slow down, a worker that lost a job it was
-# running. Pages, starts and completions stay in synclane: they would flood the event feed.
+# What becomes a Prefect event: an attempt that failed and will be retried, a job that will not
+# finish without help (deferred, abandoned), an account's history fully loaded, a lane told to
+# slow down, a worker that lost a job it was running. Pages, starts and completions stay in
+# synclane: they would flood the event feed.
 PREFECT_EVENT_KINDS: tuple[Kind, ...] = (
+    "failed",
     "deferred",
     "abandoned",
     "first_load_finished",
@@ -54,11 +57,14 @@ def event_name(kind: Kind) -> str:
     return f"synclane.job.{kind}"
 
 
-def prefect_event(event: Event, table: TableIdentity) -> dict[str, Any]:
+def prefect_event(event: Event, table: TableIdentity, noted: Noted | None = None) -> dict[str, Any]:
     """The keyword arguments of `prefect.events.emit_event` for one synclane event. The job is
     the resource; its labels carry queue, owner, lane, type, mode and status so that an
-    Automation can match on them; the table, queue, owner, type and lane are related
+    Automation can match on them, and for a failure its cause's id (`noted`, from
+    synclane.causes), and for an abandoned job whether its cause already waited for a human
+    (`synclane.repeat`: "true" or "false"); the table, queue, owner, type and lane are related
     resources. Prefect adds the flow run, its deployment and flow when it is sent from a run."""
+    noted = noted or Noted(event)
     t = table.slug
     resource = {
         "prefect.resource.id": f"synclane.job.{t}.{event.job_id}",
@@ -72,6 +78,10 @@ def prefect_event(event: Event, table: TableIdentity) -> dict[str, Any]:
     }
     if event.status is not None:
         resource["synclane.status"] = event.status
+    if noted.cause_id is not None:
+        resource["synclane.cause_id"] = noted.cause_id
+    if event.kind == "abandoned":
+        resource["synclane.repeat"] = "true" if noted.repeat else "false"
     related = [
         _related(f"synclane.table.{t}", "table", table.label),
         _related(f"synclane.queue.{t}.{event.queue}", "queue", event.queue),
@@ -84,6 +94,9 @@ def prefect_event(event: Event, table: TableIdentity) -> dict[str, Any]:
         "attempt": event.attempt,
         "worker": event.worker,
         "error": event.error,
+        # the error as failures() groups it (numbers and ids masked), and that cause's id
+        "cause": noted.cause,
+        "cause_id": noted.cause_id,
         # when a failed or deferred job may run again, or until when a throttled lane waits
         "until": _iso(event.until) if event.kind in _WAITING else None,
         "window_start": _iso(event.window_start),
@@ -252,19 +265,22 @@ def _cell(text: str) -> str:
     return flat.replace("\\", "\\\\").replace("|", "\\|")[:300]
 
 
-def work_outcome(report: dict[str, int], log: WorkLog, fail_on_abandoned: bool) -> str | None:
+def work_outcome(
+    report: dict[str, int], noted: Sequence[Noted], fail_on_abandoned: bool
+) -> str | None:
     """Why the work run should end Failed, or None. With `fail_on_abandoned`, a run in which a
-    job was abandoned fails (the job waits for a human); deferred jobs still have an attempt
-    left and only show in the report and the events."""
-    abandoned = report.get("abandoned", 0)
-    if not fail_on_abandoned or not abandoned:
+    job was abandoned for a new cause fails (synclane.causes: a cause that already waited for a
+    human, such as a broken account's next refresh, does not fail it again); deferred jobs
+    still have an attempt left and only show in the report and the events."""
+    new = new_causes(noted)
+    if not fail_on_abandoned or not new:
         return None
-    examples = "; ".join(
-        f"job {e.job_id} ({e.queue} · {e.owner} · {e.type}): {e.error}"
-        for e in log.events("abandoned")[:3]
-    )
-    more = "" if abandoned <= 3 else f"; and {abandoned - 3} more"
     return (
-        f"{abandoned} job(s) abandoned in this run, waiting for a human: {examples}{more}. "
-        "See the run's synclane work artifact; requeue them with the requeue flow once fixed."
+        alert(new, repeats(noted, new), _requeue_flow)
+        + " The run's synclane work artifact lists every job."
     )
+
+
+def _requeue_flow(cause: NewCause) -> str:
+    which = f", cause_id={cause.cause_id!r}" if cause.cause_id else ""
+    return f"the requeue flow with queue={cause.queue!r}, owner={cause.owner!r}{which}"

@@ -6,6 +6,7 @@ an artifact.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -33,9 +34,17 @@ if TYPE_CHECKING:
     from prefect.client.schemas.responses import DeploymentResponse
     from prefect.deployments.runner import RunnerDeployment
 
-# A run counts as working while it is scheduled, about to start or running. (A run that is
-# being cancelled ends within seconds, or never when its process is gone.)
-ACTIVE = [StateType.SCHEDULED, StateType.PENDING, StateType.RUNNING]
+log = logging.getLogger("synclane")
+
+# A run counts as working while it is scheduled, about to start, running, or being cancelled
+# (it holds its slot in the deployment's limit until it has ended: a run started beside it
+# would only be cancelled by the limit).
+ACTIVE = [StateType.SCHEDULED, StateType.PENDING, StateType.RUNNING, StateType.CANCELLING]
+# What a run that has lost its process stays in.
+_STUCK = (StateType.RUNNING, StateType.CANCELLING)
+# The tag by which a served deployment (and each of its runs) names its table:
+# 'synclane-table:<TableIdentity.slug>'.
+TABLE_TAG = "synclane-table:"
 # A work run that is still `Running` this long after its budget ended has lost its process (a
 # machine that went away, a worker killed with its run): it no longer counts. A live run ends
 # within about a minute of its budget (the hand-back waits up to 60 s).
@@ -82,7 +91,8 @@ def keep_work_runs(deployment: str | UUID, *, exclude: UUID | None = None) -> To
 def counted_runs(
     runs: Sequence[FlowRun], budget_seconds: float, now: datetime, exclude: UUID | None
 ) -> tuple[list[FlowRun], list[FlowRun]]:
-    """(the runs that count as working, the running ones overdue by more than OVERDUE)."""
+    """(the runs that count as working, the running or cancelling ones overdue by more than
+    OVERDUE)."""
     counted: list[FlowRun] = []
     overdue: list[FlowRun] = []
     for run in runs:
@@ -90,7 +100,7 @@ def counted_runs(
             continue
         started = run.start_time
         if (
-            run.state_type == StateType.RUNNING
+            run.state_type in _STUCK
             and started is not None
             and now - started > timedelta(seconds=budget_seconds) + OVERDUE
         ):
@@ -106,16 +116,30 @@ def _read_deployment(client: SyncPrefectClient, deployment: str | UUID) -> Deplo
             return client.read_deployment(deployment)
         return client.read_deployment_by_name(deployment)
     except ObjectNotFound:
+        if isinstance(deployment, UUID):
+            raise ConfigError(
+                f"the work deployment {deployment} no longer exists (it was deleted): no run of "
+                "it is started"
+            ) from None
         raise ConfigError(
-            f"no deployment {deployment!r}: name the work deployment as "
-            "'synclane-work/<deployment name>' (see `prefect deployment ls`)"
+            f"no deployment {deployment!r}: it was deleted, or the name is misspelt; name the "
+            "work deployment as 'synclane-work/<deployment name>' (see `prefect deployment ls`)"
         ) from None
 
 
+def served_table(tags: Sequence[str]) -> str | None:
+    """The slug of the table a deployment (or its run) serves, from its tags; None when it does
+    not say (a pool's deployment, or one served by an older synclane)."""
+    found = [tag.removeprefix(TABLE_TAG) for tag in tags if tag.startswith(TABLE_TAG)]
+    return found[0] if found else None
+
+
 def check_served_names(deployments: Sequence[RunnerDeployment]) -> None:
-    """Refuse to serve a deployment whose name a work pool's deployment already has: serving
-    would silently take it over (same flow and name, same deployment), leave it in the pool,
-    and every run a pool worker picked up would crash on the served entrypoint."""
+    """Refuse to serve a deployment whose name a work pool's deployment already has, or one
+    that serves another table: serving would silently take it over (same flow and name, same
+    deployment id). A pool's deployment would stay in the pool and every run a pool worker
+    picked up would crash on the served entrypoint; another table's runs would run on
+    whichever table's process picked them up, under one concurrency limit for both."""
     with get_client(sync_client=True) as client:
         for deployment in deployments:
             name = f"{deployment.flow_name}/{deployment.name}"
@@ -127,8 +151,25 @@ def check_served_names(deployments: Sequence[RunnerDeployment]) -> None:
                 raise ConfigError(
                     f"deployment {name!r} already belongs to work pool "
                     f"{existing.work_pool_name!r}; serving it would take it over. Serve under "
-                    "another name (serve(..., name=...)), or delete the pool's deployment with "
-                    f"`prefect deployment delete {name}` if you mean to move it"
+                    "another name (synclane serve --name NAME, serve(..., name=...)), or delete "
+                    f"the pool's deployment with `prefect deployment delete {name}` if you mean "
+                    "to move it"
+                )
+            theirs, ours = served_table(existing.tags), served_table(deployment.tags)
+            if theirs is None and ours is not None:
+                log.warning(
+                    "deployment %r does not say which table it serves (an older synclane served "
+                    "it); serving it now names the table %s",
+                    name,
+                    ours,
+                )
+            if theirs is not None and ours is not None and theirs != ours:
+                raise ConfigError(
+                    f"deployment {name!r} serves the table {theirs}, not this app's {ours}; "
+                    "serving it would take it over. Serve this table under a name of its own "
+                    f"(synclane serve --name NAME, e.g. --name {deployment.name}-staging; "
+                    "serve(..., name=...) in Python); if the table moved to another database, "
+                    f"delete the old deployments first (`prefect deployment delete {name}`)"
                 )
 
 

@@ -2,7 +2,9 @@
 
 For several machines use a work pool instead: see flows/prefect.yaml and docs/prefect.md. The
 pool's deployments have names of their own (`demo-pool`), never those served here (named after
-the app's path), so the two never take each other over.
+the app's path, or `--name`), so the two never take each other over. A served deployment names
+the table it serves (a tag and its description), and serving another table under its name is
+refused: staging and production on one Prefect server each need a name of their own.
 """
 
 from __future__ import annotations
@@ -19,13 +21,16 @@ from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLi
 
 from synclane.model import MAX_WORK_BUDGET, MAX_WORK_RUNS, ConfigError, check_whole
 from synclane.prefect.flows import WORK_BUDGET_SECONDS, backfill, called, plan, requeue, work
+from synclane.prefect.identity import TableIdentity, table_identity
 from synclane.prefect.operations import load_app, split_app_path
-from synclane.prefect.runs import check_served_names
+from synclane.prefect.runs import TABLE_TAG, check_served_names
 
 if TYPE_CHECKING:
     from prefect.deployments.runner import RunnerDeployment
 
 PLAN_CRON = "* * * * *"
+# What Prefect accepts in a deployment name and a shell passes as one word.
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")
 
 
 def deployment_name(app_path: str) -> str:
@@ -43,18 +48,30 @@ def one_at_a_time(limit: int = 1) -> ConcurrencyLimitConfig:
     )
 
 
+def check_deployment_name(name: str) -> str:
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise ConfigError(
+            f"name={name!r:.100} cannot name a deployment: use letters, digits, '_', '.' and "
+            "'-' (at most 100, not starting with '.' or '-'), e.g. --name shops-staging"
+        )
+    return name
+
+
 def deployments(
     app_path: str,
     *,
     name: str | None = None,
+    table: TableIdentity | None = None,
     work_budget_seconds: float = WORK_BUDGET_SECONDS,
     work_runs: int = 1,
 ) -> list[RunnerDeployment]:
     """The four deployments of an app, named after its path (`synclane-plan/synclane-demo-app`
-    for 'synclane.demo.app:app'): plan every minute, one run at a time, and keep `work_runs`
-    work runs going; work for `work_budget_seconds` per run, at most `work_runs` at once;
-    backfill and requeue when asked. Served deployments take no job variables: their runs
-    inherit the environment of the serving process instead."""
+    for 'synclane.demo.app:app') or `name`: plan every minute, one run at a time, and keep
+    `work_runs` work runs going; work for `work_budget_seconds` per run, at most `work_runs` at
+    once; backfill and requeue when asked. With `table` (what `serve` passes) each names the
+    table it serves, in a tag (`synclane-table:<table slug>`) and its description. Served
+    deployments take no job variables: their runs inherit the environment of the serving
+    process instead."""
     budget = work_budget_seconds
     if (
         not isinstance(budget, int | float)
@@ -67,24 +84,38 @@ def deployments(
             f"{WORK_BUDGET_SECONDS}"
         )
     check_whole("work_runs", work_runs, MAX_WORK_RUNS, "as `synclane serve --work-runs`")
-    name = name or deployment_name(app_path)
+    name = deployment_name(app_path) if name is None else check_deployment_name(name)
     app = {"app_path": app_path}
+    tags = ["synclane"] if table is None else ["synclane", f"{TABLE_TAG}{table.slug}"]
+    where = "" if table is None else f"; table {table.label}"
+
+    def about(what: str) -> str:
+        return f"{what}. App {app_path}{where}."
+
     built = [
         plan.to_deployment(
             name,
             cron=PLAN_CRON,
             parameters={**app, "work_deployment": f"{work.name}/{name}"},
             concurrency_limit=one_at_a_time(),
-            tags=["synclane"],
+            tags=tags,
+            description=about("Plans every queue every minute and keeps the work runs going"),
         ),
         work.to_deployment(
             name,
             parameters={**app, "budget_seconds": work_budget_seconds},
             concurrency_limit=one_at_a_time(work_runs),
-            tags=["synclane"],
+            tags=tags,
+            description=about(
+                f"Works for {work_budget_seconds:.0f} s a run, {work_runs} run(s) at once"
+            ),
         ),
-        backfill.to_deployment(name, parameters=app, tags=["synclane"]),
-        requeue.to_deployment(name, parameters=app, tags=["synclane"]),
+        backfill.to_deployment(
+            name, parameters=app, tags=tags, description=about("Widens history when asked")
+        ),
+        requeue.to_deployment(
+            name, parameters=app, tags=tags, description=about("Requeues jobs when asked")
+        ),
     ]
     return [called(deployment) for deployment in built]
 
@@ -100,15 +131,25 @@ def serve(
     """Serve the app's deployments from this process until it is stopped.
 
     The app is loaded once first, so that a wrong path or an unreachable database fails here
-    rather than in every run; a deployment name that a work pool's deployment already has is
-    refused (serving would take it over). `dsn` (else $SYNCLANE_DSN) reaches the runs through
-    the environment they inherit; it is never a flow parameter, which Prefect would show."""
+    rather than in every run; a deployment name that a work pool's deployment already has, or
+    that serves another table, is refused (serving would take it over). `dsn` (else
+    $SYNCLANE_DSN) reaches the runs through the environment they inherit; it is never a flow
+    parameter, which Prefect would show."""
     from prefect import serve as prefect_serve
 
+    if name is not None:
+        check_deployment_name(name)
     app = load_app(app_path, dsn)
-    app.close()
+    try:
+        table = table_identity(app)
+    finally:
+        app.close()
     built = deployments(
-        app_path, name=name, work_budget_seconds=work_budget_seconds, work_runs=work_runs
+        app_path,
+        name=name,
+        table=table,
+        work_budget_seconds=work_budget_seconds,
+        work_runs=work_runs,
     )
     check_served_names(built)
     _add_extra_logger(os.environ, "synclane")
