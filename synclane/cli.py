@@ -361,6 +361,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     term = Terminal(-1 if args.quiet else min(args.verbose, 1))
     term.setup_logging()
     try:
+        cli_args.connection_environment(args)
         status: int = args.run(args, term)
     except KeyboardInterrupt:
         return cli_work.EXIT_INTERRUPTED
