@@ -50,7 +50,12 @@ __all__ = [
 class SyncLane(Reads):
     """The application: a database, a schema, and the queues declared on it.
 
-    `dsn=None` means $SYNCLANE_DSN when it is set, else the embedded PostgreSQL."""
+    `dsn=None` means $SYNCLANE_DSN when it is set, else the embedded PostgreSQL. When the DSN
+    goes through a transaction pooler (PgBouncer in transaction mode, a managed pooler), say so
+    with `pooler="transaction"` (or $SYNCLANE_POOLER): nothing is then prepared on the server and
+    no session setting or lock is relied on. `listen_dsn` (or $SYNCLANE_LISTEN_DSN): a direct
+    connection on which workers LISTEN for due work; a pooled app without one polls
+    (docs/scaling.md, "Through a transaction pooler")."""
 
     def __init__(
         self,
@@ -62,6 +67,8 @@ class SyncLane(Reads):
         plan_interval: timedelta | float = timedelta(minutes=1),
         worker_name: str | None = None,
         owners_timeout: timedelta | float = timedelta(minutes=1),
+        pooler: str | None = None,
+        listen_dsn: str | None = None,
     ) -> None:
         if not isinstance(create_schema, bool):
             raise ConfigError(
@@ -77,7 +84,7 @@ class SyncLane(Reads):
         # Not given: host:pid of the process that runs the worker, read then, so that processes
         # forked from one app (multiprocessing, a preloading server) do not share a name.
         self._worker_name = check_name("worker_name", worker_name) if worker_name else None
-        self.database = Database(dsn, schema)
+        self.database = Database(dsn, schema, pooler, listen_dsn)
         self.catalog = Catalog()
         self._planner = Planner(self.database, self.catalog, self.owners_timeout)
         self._operations = Operations(self.database, self.catalog, self.owners_timeout)
@@ -86,7 +93,8 @@ class SyncLane(Reads):
 
     def __repr__(self) -> str:
         where = "embedded" if self.embedded else redact(self.dsn)
-        return f"SyncLane({where!r}, schema={self.schema!r}, queues={list(self.catalog)})"
+        pooler = f", pooler={self.pooler!r}" if self.pooler else ""
+        return f"SyncLane({where!r}, schema={self.schema!r}{pooler}, queues={list(self.catalog)})"
 
     # -- what the app is made of -----------------------------------------------------------
 
@@ -99,6 +107,11 @@ class SyncLane(Reads):
     @property
     def dsn(self) -> str:
         return self.database.dsn
+
+    @property
+    def pooler(self) -> str | None:
+        """ "transaction" when the DSN goes through a transaction pooler, else None."""
+        return self.database.pooler
 
     @property
     def embedded(self) -> bool:

@@ -378,6 +378,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     term = Terminal(-1 if args.quiet else min(args.verbose, 1))
     term.setup_logging()
     try:
+        cli_args.connection_environment(args)
         with stopping_on_signals(), _schema_rights(args.command):
             status: int = args.run(args, term)
     except Stopped as stop:

@@ -95,6 +95,19 @@ def add_common(parser: argparse.ArgumentParser, default: object, *, title: str =
         "--dsn", default=default, help="PostgreSQL DSN (default: $SYNCLANE_DSN, else embedded)"
     )
     group.add_argument(
+        "--pooler",
+        default=default,
+        choices=["transaction"],
+        help="the DSN goes through a transaction pooler (PgBouncer in transaction mode, a "
+        "managed pooler): nothing prepared, no session state ($SYNCLANE_POOLER)",
+    )
+    group.add_argument(
+        "--listen-dsn",
+        default=default,
+        help="with --pooler: a direct connection on which workers LISTEN for due work "
+        "($SYNCLANE_LISTEN_DSN; without it they poll)",
+    )
+    group.add_argument(
         "--app", default=default, help="the app, package.module:attribute ($SYNCLANE_APP)"
     )
     group.add_argument(
@@ -217,6 +230,15 @@ def name(what: str) -> Callable[[str], str]:
 # -- the app, and the names it knows --------------------------------------------------------
 
 
+def connection_environment(args: argparse.Namespace) -> None:
+    """--pooler and --listen-dsn reach every SyncLane the command builds (the app's, or its
+    own), as $SYNCLANE_POOLER and $SYNCLANE_LISTEN_DSN do."""
+    if getattr(args, "pooler", None):
+        os.environ["SYNCLANE_POOLER"] = args.pooler
+    if getattr(args, "listen_dsn", None):
+        os.environ["SYNCLANE_LISTEN_DSN"] = args.listen_dsn
+
+
 def load_app(args: argparse.Namespace) -> SyncLane:
     """The app named by --app or $SYNCLANE_APP. --dsn and --schema reach apps that read
     $SYNCLANE_DSN and $SYNCLANE_SCHEMA (SyncLane(None, ...) does the first, the demo's app both);
@@ -230,6 +252,11 @@ def load_app(args: argparse.Namespace) -> SyncLane:
     if args.schema:
         os.environ["SYNCLANE_SCHEMA"] = args.schema
     app = loading.load_app(path, args.dsn or None)
+    if args.pooler and app.pooler != args.pooler:
+        raise UsageError(
+            f"argument --pooler: the app {path} was built with pooler={app.pooler!r}; drop "
+            "--pooler, or build the app with pooler=None so that it reads $SYNCLANE_POOLER"
+        )
     if args.schema and app.schema != args.schema:
         raise UsageError(
             f"argument --schema: the app {path} keeps its table in schema {app.schema!r}, not "

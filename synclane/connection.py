@@ -114,15 +114,53 @@ def creating_allowed() -> bool:
     return not _READING_ONLY.get()
 
 
+POOLERS = ("transaction",)
+
+
+def check_pooler(pooler: object) -> str | None:
+    """None (a direct connection, or a session pooler) or "transaction"; $SYNCLANE_POOLER when
+    not given."""
+    if pooler is None:
+        pooler = os.environ.get("SYNCLANE_POOLER") or None
+        where = "SYNCLANE_POOLER"
+    else:
+        where = "pooler"
+    if pooler is None:
+        return None
+    if isinstance(pooler, str) and pooler in POOLERS:
+        return pooler
+    raise ConfigError(
+        f"{where}={pooler!r:.100} is not a pooler synclane knows: use 'transaction' when the DSN "
+        "goes through a transaction pooler (PgBouncer in transaction mode, a managed pooler), or "
+        "leave it unset for a direct connection or a session pooler"
+    )
+
+
 class Database:
     """The database and schema of one app. `dsn=None` means $SYNCLANE_DSN when it is set, else
-    the embedded PostgreSQL."""
+    the embedded PostgreSQL. `pooler="transaction"`: the DSN goes through a transaction pooler,
+    so nothing is prepared on the server and no session setting is relied on; `listen_dsn`, a
+    direct connection for LISTEN (else $SYNCLANE_LISTEN_DSN; without one a pooled app polls)."""
 
-    def __init__(self, dsn: str | None, schema: str) -> None:
+    def __init__(
+        self,
+        dsn: str | None,
+        schema: str,
+        pooler: str | None = None,
+        listen_dsn: str | None = None,
+    ) -> None:
         if dsn is not None and (not isinstance(dsn, str) or not dsn.strip()):
             raise ConfigError("dsn must be a PostgreSQL connection string, or None for embedded")
         self.store = Store(schema)
         self.schema = self.store.schema
+        self.pooler = check_pooler(pooler)
+        if listen_dsn is None:
+            listen_dsn = os.environ.get("SYNCLANE_LISTEN_DSN") or None
+        if listen_dsn is not None:
+            if not isinstance(listen_dsn, str) or not listen_dsn.strip():
+                raise ConfigError("listen_dsn must be a PostgreSQL connection string, or None")
+            check_dsn(listen_dsn)
+        self.listen_dsn = listen_dsn
         if dsn is None:
             dsn = os.environ.get("SYNCLANE_DSN") or None
         if dsn is not None:
@@ -144,18 +182,51 @@ class Database:
         """The database for a message: never its password."""
         return "the embedded PostgreSQL" if self.embedded else redact(self.dsn)
 
+    @property
+    def pooled(self) -> bool:
+        """Whether the DSN goes through a transaction pooler: a session is not this app's."""
+        return self.pooler == "transaction"
+
+    @property
+    def prepare(self) -> bool | None:
+        """What worker statements pass as psycopg's `prepare`: True (prepared at their first
+        execution) on a session of their own, None (never) through a transaction pooler, where
+        the next transaction may run on another server connection."""
+        return None if self.pooled else True
+
+    @property
+    def connection_options(self) -> dict[str, Any]:
+        """psycopg connection options for this database's connections: through a transaction
+        pooler, nothing prepared on the server (psycopg prepares a statement it sees five times
+        otherwise)."""
+        return {"prepare_threshold": None} if self.pooled else {}
+
+    @property
+    def listening(self) -> str | None:
+        """The DSN to LISTEN on: the listen_dsn, else the DSN unless it goes through a transaction
+        pooler (a LISTEN there hears nothing). None: poll."""
+        if self.listen_dsn is not None:
+            return self.listen_dsn
+        return None if self.pooled else self.dsn
+
     def connect(self) -> psycopg.Connection[Any]:
-        """A new autocommit connection on the database clock's time zone, UTC."""
+        """A new autocommit connection on the database clock's time zone, UTC (through a
+        transaction pooler the time zone is left to the role: synclane compares instants)."""
         try:
             conn = psycopg.connect(
-                self.dsn, autocommit=True, connect_timeout=10, application_name="synclane"
+                self.dsn,
+                autocommit=True,
+                connect_timeout=10,
+                application_name="synclane",
+                **self.connection_options,
             )
         except psycopg.OperationalError as error:
             raise DatabaseUnavailable(
                 f"cannot connect to {self.where}: {first_line(error, default='no answer')}. Check "
                 "the DSN and that PostgreSQL runs."
             ) from None
-        conn.execute("SET TIME ZONE 'UTC'")
+        if not self.pooled:
+            conn.execute("SET TIME ZONE 'UTC'")
         return conn
 
     @contextmanager
@@ -202,8 +273,14 @@ class Database:
             self.dsn,
             min_size=1,
             max_size=size,
-            kwargs={"autocommit": True, "application_name": "synclane-worker"},
-            configure=_configure_worker,
+            kwargs={
+                "autocommit": True,
+                "application_name": "synclane-worker",
+                **self.connection_options,
+            },
+            # through a transaction pooler a session setting would reach whoever gets the
+            # server connection next, and miss the worker's next transaction
+            configure=None if self.pooled else _configure_worker,
             open=False,
             name="synclane",
             timeout=wait,

@@ -43,6 +43,7 @@ from prometheus_client import (
     start_http_server,
 )
 from prometheus_client.core import GaugeMetricFamily, Metric
+from psycopg import sql
 
 from synclane.connection import Database
 from synclane.errors import error_text
@@ -277,31 +278,54 @@ class TableGauges:
             self._conn = None
 
     def _rows(self) -> dict[str, Any]:
+        pooled = self.database.pooled
         if self._conn is None or self._conn.closed or self._conn.broken:
             label = f"synclane-metrics {self.database.schema}".encode()[:63].decode(errors="ignore")
             conn = self._conn = psycopg.connect(
-                self.database.dsn, autocommit=True, connect_timeout=10, application_name=label
+                self.database.dsn,
+                autocommit=True,
+                connect_timeout=10,
+                application_name=label,
+                **self.database.connection_options,
             )
-            conn.execute("SET jit = off")  # short aggregates: compiling them costs more
-            conn.execute("SET default_transaction_read_only = on")
-            if self.statement_timeout is not None:
-                milliseconds = max(1, round(self.statement_timeout * 1000))
-                conn.execute(f"SET statement_timeout = {milliseconds}")
+            conn.read_only = True
+            if not pooled:
+                conn.execute("SET default_transaction_read_only = on")
+                for name, value in self._settings().items():
+                    conn.execute(
+                        sql.SQL("SET {} = {}").format(sql.Identifier(name), sql.Literal(value))
+                    )
         conn = self._conn
         store = self.database.store
+
+        def read(name: str, params: dict[str, Any] | None = None) -> list[Any]:
+            if not pooled:
+                return conn.execute(store.query(name), params).fetchall()
+            # through a transaction pooler: the settings for this read's transaction only
+            with conn.transaction():
+                conn.execute(store.query("read_settings"), self._settings())
+                return conn.execute(store.query(name), params).fetchall()
+
         found: dict[str, Any] = {
-            "jobs": conn.execute(store.query("metrics_jobs")).fetchall(),
-            "lanes": conn.execute(store.query("metrics_lanes"), {"limit": LANES_SHOWN}).fetchall(),
+            "jobs": read("metrics_jobs"),
+            "lanes": read("metrics_lanes", {"limit": LANES_SHOWN}),
             "workers": [],
             "paused": set(),
         }
         with contextlib.suppress(psycopg.errors.UndefinedTable):
-            found["workers"] = conn.execute(store.query("workers"), {"queue": None}).fetchall()
+            found["workers"] = read("workers", {"queue": None})
         with contextlib.suppress(psycopg.errors.UndefinedTable):
-            found["paused"] = {
-                row[0] for row in conn.execute(store.query("metrics_paused_queues")).fetchall()
-            }
+            found["paused"] = {row[0] for row in read("metrics_paused_queues")}
         return found
+
+    def _settings(self) -> dict[str, str]:
+        timeout = self.statement_timeout
+        return {
+            # 0: none, as PostgreSQL reads it
+            "statement_timeout": "0" if timeout is None else str(max(1, round(timeout * 1000))),
+            "jit": "off",  # short aggregates: compiling them costs more
+            "work_mem": "16MB",
+        }
 
     def _families_from(self, found: dict[str, Any]) -> list[Metric]:
         queues = dict.fromkeys(self.queues)

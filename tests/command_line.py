@@ -25,7 +25,14 @@ def run_in_process(
     SyncLane(dsn, schema=schema).close()
     monkeypatch.setenv("SYNCLANE_CLI_TEST_SCHEMA", schema)
     # --dsn and --schema reach the app through the environment of this process: restored after
-    for name in ("SYNCLANE_APP", "SYNCLANE_DSN", "SYNCLANE_SCHEMA", "SYNCLANE_CLI_TEST_RETRY"):
+    for name in (
+        "SYNCLANE_APP",
+        "SYNCLANE_DSN",
+        "SYNCLANE_SCHEMA",
+        "SYNCLANE_CLI_TEST_RETRY",
+        "SYNCLANE_POOLER",
+        "SYNCLANE_LISTEN_DSN",
+    ):
         monkeypatch.setenv(name, "")
         monkeypatch.delenv(name)
     monkeypatch.syspath_prepend(str(HERE))

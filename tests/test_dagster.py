@@ -449,7 +449,7 @@ def test_plan_backfill_and_requeue_runs_ride_out_a_database_restart(
     """On a PostgreSQL of the test's own: each job started while the database is down waits
     for it, as a worker does, and ends as on any day."""
     import dagster_app
-    from test_faults import EmbeddedServer
+    from servers import EmbeddedServer
 
     with tempfile.TemporaryDirectory(prefix="synclane-orch-dagster-") as directory:
         server = EmbeddedServer(Path(directory))

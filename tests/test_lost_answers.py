@@ -12,9 +12,9 @@ from typing import Any
 
 import psycopg
 import pytest
+from history import declare, jobs, two_days_of_refreshes
 from netfault import answer_dropper
 from psycopg import sql
-from test_prune import declare, jobs, two_days_of_refreshes
 from workers import arrange, database_now, job_row
 
 from synclane import Job, Page

@@ -1162,7 +1162,7 @@ def test_plan_backfill_and_requeue_ride_out_a_database_restart(
     """On a PostgreSQL of the test's own (the machine's is shared): a plan run started while
     the database is down, a backfill watching while it restarts, a requeue started while it
     is down; each waits for it as a worker does, says so once, and ends as on any day."""
-    from test_faults import EmbeddedServer
+    from servers import EmbeddedServer
 
     caplog.set_level("INFO", logger="synclane")
     with tempfile.TemporaryDirectory(prefix="synclane-orch-outage-") as directory:

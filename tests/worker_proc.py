@@ -57,6 +57,8 @@ def build(settings: dict[str, Any]) -> SyncLane:
         poll_interval=settings.get("poll", 0.05),
         plan_interval=3600,
         worker_name=f"worker-{os.getpid()}",
+        pooler=settings.get("pooler"),
+        listen_dsn=settings.get("listen_dsn"),
     )
     queue = app.queue(
         "q",
@@ -82,7 +84,9 @@ def build(settings: dict[str, Any]) -> SyncLane:
     def connection() -> psycopg.Connection[Any]:
         conn = getattr(local, "conn", None)
         if conn is None or conn.closed:
-            conn = local.conn = psycopg.connect(settings["dsn"], autocommit=True)
+            # the test's record of each page: beside a pooler (runs_dsn), never through it
+            records = settings.get("runs_dsn", settings["dsn"])
+            conn = local.conn = psycopg.connect(records, autocommit=True)
         return conn
 
     @queue.snapshot("sync", every=timedelta(days=1))

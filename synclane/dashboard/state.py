@@ -21,6 +21,7 @@ from decimal import Decimal
 from typing import Any
 
 import psycopg
+from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool, PoolTimeout
@@ -129,8 +130,11 @@ class Reader:
         rates: Callable[[], Mapping[str, Rate]] = dict,
         statement_timeout: float = 5.0,
         pool_size: int = 4,
+        pooled: bool = False,
     ) -> None:
         self.store = Store(schema)
+        # through a transaction pooler no session is the page's: its settings go with each read
+        self.pooled = pooled
         self.schema = self.store.schema
         self.queues = queues
         self.rates = rates  # the declared lane_rate of each queue that has one
@@ -147,14 +151,23 @@ class Reader:
                 self._pool.close()
                 self._pool = None
 
+    def _settings(self) -> dict[str, str]:
+        return {
+            "statement_timeout": str(self._statement_timeout_ms),
+            # Compiling a plan costs more than these statements take (see store.WORKER_SESSION).
+            "jit": "off",
+            # The counts hash and sort a few hundred thousand unfinished rows at most: in memory.
+            "work_mem": "64MB",
+        }
+
     def _configure(self, conn: psycopg.Connection[Any]) -> None:
+        if self.pooled:
+            conn.read_only = True  # each read's transaction: BEGIN READ ONLY
+            return
         conn.execute("SET TIME ZONE 'UTC'")
-        conn.execute(f"SET statement_timeout = {self._statement_timeout_ms}")
         conn.execute("SET default_transaction_read_only = on")
-        # Compiling a plan costs more than these statements take (see store.WORKER_SESSION).
-        conn.execute("SET jit = off")
-        # The counts hash and sort a few hundred thousand unfinished rows at most: in memory.
-        conn.execute("SET work_mem = '64MB'")
+        for name, value in self._settings().items():
+            conn.execute(sql.SQL("SET {} = {}").format(sql.Identifier(name), sql.Literal(value)))
 
     def _connections(self) -> ConnectionPool[psycopg.Connection[Any]]:
         with self._pool_lock:
@@ -184,7 +197,12 @@ class Reader:
                 self._connections().connection() as conn,
                 conn.cursor(row_factory=dict_row) as cur,
             ):
-                return cur.execute(self.store.query(name), params).fetchall()
+                if not self.pooled:
+                    return cur.execute(self.store.query(name), params).fetchall()
+                # through a transaction pooler: the settings for this read's transaction only
+                with conn.transaction():
+                    cur.execute(self.store.query("read_settings"), self._settings())
+                    return cur.execute(self.store.query(name), params).fetchall()
         except psycopg.errors.UndefinedTable:
             raise Unavailable(self._no_schema()) from None
         except psycopg.errors.QueryCanceled:

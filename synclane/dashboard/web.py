@@ -138,6 +138,7 @@ class Dashboard:
             },
             statement_timeout=statement_timeout,
             pool_size=int(pool_size),
+            pooled=app.database.pooled,
         )
         self.views = Views(float(interval))
         self.interval = float(interval)

@@ -23,3 +23,10 @@ SELECT pg_advisory_xact_lock(hashtext('synclane schema ' || %(schema)s));
 SELECT w.name || ' (synclane ' || w.version || ')' FROM {schema}.workers w
 WHERE w.expires_at > now()
 ORDER BY w.name;
+
+-- name: read_settings
+-- a read's settings for its own transaction only (through a transaction pooler no session is
+-- the reader's): a statement timeout, no JIT compilation, and memory for its counts
+SELECT set_config('statement_timeout', %(statement_timeout)s, true),
+       set_config('jit', %(jit)s, true),
+       set_config('work_mem', %(work_mem)s, true);

@@ -4,15 +4,18 @@
 -- quoted as an identifier. The line under each name says what the statement guarantees.
 
 -- name: worker_register
--- puts a worker in the list under its name, on the session that will beat for it. A name whose
--- holder's session is gone (it died) is taken over; a name held by a live worker is refused (no
--- row comes back), so two live workers never share a name, nor a running job's leased_by. The
--- same worker registering again after its connection broke finds its own row
+-- puts a worker in the list under its name, on the session that will beat for it (with
+-- %(session)s false, through a transaction pooler, the connection is no session of its own and
+-- none is recorded). A name whose holder's session is gone (it died), or whose holder without a
+-- session stopped beating, is taken over; a name held by a live worker is refused (no row comes
+-- back), so two live workers never share a name, nor a running job's leased_by. The same worker
+-- registering again after its connection broke finds its own row
 INSERT INTO {schema}.workers AS w
     (name, instance, host, pid, version, queues, slots, busy, waiting, stopping, session_pid,
      started_at, last_seen_at, expires_at)
 VALUES (%(name)s, %(instance)s, %(host)s, %(pid)s, %(version)s, %(queues)s, %(slots)s,
-        %(busy)s, %(waiting)s, false, pg_backend_pid(), now(), now(), now() + %(lost_after)s)
+        %(busy)s, %(waiting)s, false, CASE WHEN %(session)s THEN pg_backend_pid() END, now(),
+        now(), now() + %(lost_after)s)
 ON CONFLICT (name) DO UPDATE
 SET instance = excluded.instance, host = excluded.host, pid = excluded.pid,
     version = excluded.version, queues = excluded.queues, slots = excluded.slots,
@@ -21,7 +24,9 @@ SET instance = excluded.instance, host = excluded.host, pid = excluded.pid,
     started_at = CASE WHEN w.instance = excluded.instance THEN w.started_at ELSE now() END,
     last_seen_at = now(), expires_at = excluded.expires_at
 WHERE w.instance = excluded.instance
-   OR NOT EXISTS (SELECT FROM pg_stat_activity a WHERE a.pid = w.session_pid)
+   OR (w.session_pid IS NOT NULL
+       AND NOT EXISTS (SELECT FROM pg_stat_activity a WHERE a.pid = w.session_pid))
+   OR (w.session_pid IS NULL AND w.expires_at < now())
 RETURNING name;
 
 -- name: worker_holder
@@ -34,7 +39,8 @@ SELECT host, pid, last_seen_at FROM {schema}.workers WHERE name = %(name)s;
 -- one per worker process). False when its row is gone or is another worker's now
 WITH beat AS (
     UPDATE {schema}.workers
-    SET busy = %(busy)s, waiting = %(waiting)s, session_pid = pg_backend_pid(),
+    SET busy = %(busy)s, waiting = %(waiting)s,
+        session_pid = CASE WHEN %(session)s THEN pg_backend_pid() END,
         last_seen_at = now(), expires_at = now() + %(lost_after)s
     WHERE name = %(name)s AND instance = %(instance)s
     RETURNING name
@@ -64,10 +70,12 @@ DELETE FROM {schema}.workers WHERE name = %(name)s AND instance = %(instance)s;
 
 -- name: workers
 -- the workers of the list and what each is: running, stopping, or lost (it stopped beating, or
--- its session to PostgreSQL is gone: a process killed with -9 is lost at once)
+-- its session to PostgreSQL is gone: a process killed with -9 is lost at once; one that beats
+-- through a transaction pooler records no session, and is lost when it stops beating)
 SELECT w.name, w.host, w.pid, w.version, w.queues, w.slots, w.busy, w.started_at,
        w.last_seen_at,
-       CASE WHEN w.expires_at < now() OR a.pid IS NULL THEN 'lost'
+       CASE WHEN w.expires_at < now() OR (w.session_pid IS NOT NULL AND a.pid IS NULL)
+            THEN 'lost'
             WHEN w.stopping THEN 'stopping'
             ELSE 'running' END AS state
 FROM {schema}.workers w

@@ -177,6 +177,7 @@ class Worker:
             busy=lambda: 0 if self._crew is None else self._crew.busy,
             waiting=self._waiting_slots,
             wake=self._nudge,
+            poll_interval=self.poll_interval.total_seconds(),
         )
         await presence.start()
         self.name = presence.name
@@ -187,7 +188,7 @@ class Worker:
             await presence.close()
             raise
         presence.pool = pool
-        writer = Writer(pool, self.database.store)
+        writer = Writer(pool, self.database.store, self.database.prepare)
         # One waiter for the whole run: every page waits on it, none creates its own.
         stop_waiter = asyncio.ensure_future(stop.wait())
         crew = self._crew = Crew(
@@ -219,6 +220,7 @@ class Worker:
                 outage=writer.outage,
                 lane_width=queue.settings.lane_width,
                 max_running=queue.settings.max_running,
+                prepare=self.database.prepare,
             )
             freed.append(FreedLanes(pool, self.database, queue.name))
             taker.watch = self._watcher(queue.name, freed[-1])

@@ -46,9 +46,14 @@ class LeaseLost(Exception):
 class Writer:
     """Runs statements about running jobs on the worker's pool, through short outages."""
 
-    def __init__(self, pool: AsyncConnectionPool[Any], store: Store) -> None:
+    def __init__(
+        self, pool: AsyncConnectionPool[Any], store: Store, prepare: bool | None = True
+    ) -> None:
         self.pool = pool
         self.store = store
+        # psycopg's prepare: True on a session of the worker's own, None through a transaction
+        # pooler (synclane.connection.Database.prepare)
+        self.prepare = prepare
         self.outage = Outage()
 
     async def run(
@@ -166,7 +171,9 @@ class PageWrites:
         }
 
         async def statement(conn: psycopg.AsyncConnection[Any]) -> list[Saved]:
-            cur = await conn.execute(self.writer.store.query("save_pages"), params, prepare=True)
+            cur = await conn.execute(
+                self.writer.store.query("save_pages"), params, prepare=self.writer.prepare
+            )
             return [
                 Saved(bool(saved), bool(paused), until)
                 for saved, paused, until in await cur.fetchall()
@@ -187,7 +194,7 @@ class PageWrites:
 
         async def statement(conn: psycopg.AsyncConnection[Any]) -> list[float]:
             cur = await conn.execute(
-                self.writer.store.query("lane_page_starts"), params, prepare=True
+                self.writer.store.query("lane_page_starts"), params, prepare=self.writer.prepare
             )
             return [float(row[0]) for row in await cur.fetchall()]
 
@@ -201,7 +208,9 @@ class PageWrites:
         }
 
         async def statement(conn: psycopg.AsyncConnection[Any]) -> set[int]:
-            cur = await conn.execute(self.writer.store.query("heartbeats"), params, prepare=True)
+            cur = await conn.execute(
+                self.writer.store.query("heartbeats"), params, prepare=self.writer.prepare
+            )
             return {row[0] for row in await cur.fetchall()}
 
         renewed = await self.writer.run("heartbeats", statement, self._patience)

@@ -69,8 +69,10 @@ class Presence:
         busy: Callable[[], int],
         waiting: Callable[[], int],
         wake: Callable[[str | None], None],
+        poll_interval: float = 5.0,
     ) -> None:
         self.database = database
+        self.poll_interval = poll_interval
         self.store = database.store
         self.name = name
         self.queues = list(queues)
@@ -86,6 +88,7 @@ class Presence:
         self._saying_waiting: asyncio.Task[None] | None = None
         self._conn: psycopg.AsyncConnection[Any] | None = None
         self._broken = False  # said once per break, and once when listening again
+        self._said_polling = False  # that nothing wakes the slots (a pooler without listen_dsn)
 
     # -- life cycle ------------------------------------------------------------------------
 
@@ -180,14 +183,44 @@ class Presence:
 
     # -- the connection ----------------------------------------------------------------------
 
+    @property
+    def listens(self) -> bool:
+        """Whether this worker hears notifications: on a session of its own (the DSN, or the
+        listen_dsn when the DSN goes through a transaction pooler). Without one it beats through
+        the pooler, records no session, and its slots poll."""
+        return self.database.listening is not None
+
     async def _connect(self) -> psycopg.AsyncConnection[Any]:
         # Named after the worker in pg_stat_activity (PostgreSQL keeps 63 bytes of it).
         label = f"synclane-presence {self.name}".encode()[:63].decode(errors="ignore")
+        if self.database.listening is not None:
+            return await psycopg.AsyncConnection.connect(
+                self.database.listening,
+                autocommit=True,
+                connect_timeout=10,
+                application_name=label,
+            )
         return await psycopg.AsyncConnection.connect(
-            self.database.dsn, autocommit=True, connect_timeout=10, application_name=label
+            self.database.dsn,
+            autocommit=True,
+            connect_timeout=10,
+            application_name=label,
+            **self.database.connection_options,
         )
 
     async def _listen(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        if not self.listens:
+            if not self._said_polling:
+                self._said_polling = True
+                log.warning(
+                    "worker %s: the DSN goes through a transaction pooler (pooler='transaction') "
+                    "and no listen_dsn is given, so nothing wakes its idle slots: they look for "
+                    "due work every poll_interval (%s s); give listen_dsn, a direct connection, "
+                    "for instant pickup",
+                    self.name,
+                    f"{self.poll_interval:g}",
+                )
+            return
         await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
         if self._broken:
             self._broken = False
@@ -196,10 +229,14 @@ class Presence:
     async def _listen_and_beat(self, conn: psycopg.AsyncConnection[Any]) -> None:
         mine = set(self.queues)
         while True:
-            # Notifications that arrive during the beat are kept by psycopg for the next round.
-            async for note in conn.notifies(timeout=BEAT):
-                if note.payload in mine:
-                    self.wake(note.payload)
+            if self.listens:
+                # Notifications that arrive during the beat are kept by psycopg for the next
+                # round.
+                async for note in conn.notifies(timeout=BEAT):
+                    if note.payload in mine:
+                        self.wake(note.payload)
+            else:
+                await asyncio.sleep(BEAT)
             await self._beat(conn)
 
     def _lost(self, error: BaseException) -> None:
@@ -228,6 +265,7 @@ class Presence:
             "busy": self.busy(),
             "waiting": self.waiting(),
             "lost_after": LOST_AFTER,
+            "session": self.listens,
         }
 
     async def _register(self, conn: psycopg.AsyncConnection[Any]) -> bool:
@@ -274,6 +312,7 @@ class Presence:
             "waiting": self.waiting(),
             "lost_after": LOST_AFTER,
             "forget_after": FORGET_AFTER,
+            "session": self.listens,
         }
         try:
             cur = await conn.execute(self.store.query("worker_beat"), params)

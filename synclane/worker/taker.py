@@ -97,6 +97,7 @@ async def take_front(
     tokens: Sequence[UUID] | None = None,
     lane_width: int = 1,
     max_running: int | None = None,
+    prepare: bool | None = True,
 ) -> Batch:
     """One `take_front` statement: completes `finished` under their lease guards and takes one
     job per completion that went through plus `plain` more, from the front of the line, in
@@ -123,7 +124,8 @@ async def take_front(
     query, names = store.positional("take_front")
     # Prepared at its first execution: psycopg would wait for the fifth of each combination of
     # parameter types (an empty list or none, small or large numbers) and plan each before it.
-    await cur.execute(query, [params[name] for name in names], prepare=True)
+    # Never through a transaction pooler (`prepare=None`).
+    await cur.execute(query, [params[name] for name in names], prepare=prepare)
     rows = await cur.fetchall()
     jobs = []
     completed: list[int] = []
@@ -144,6 +146,7 @@ async def take_by_lane(
     token: UUID | None = None,
     lane_width: int = 1,
     max_running: int | None = None,
+    prepare: bool | None = True,
 ) -> tuple[LeasedJob | None, bool]:
     """One job from the lanes whose hint says a job may be due: for when the front of the line
     waits behind busy lanes. Also whether a look again may find one (this look read a full
@@ -159,7 +162,7 @@ async def take_by_lane(
         "visit": LANES_A_LOOK,
     }
     query, names = store.positional("take_by_lane")
-    await cur.execute(query, [params[name] for name in names], prepare=True)
+    await cur.execute(query, [params[name] for name in names], prepare=prepare)
     row = await cur.fetchone()
     assert row is not None, "take_by_lane always answers one row"
     looked, written = row.pop("looked"), row.pop("written")
@@ -213,8 +216,10 @@ class Taker:
         outage: Outage | None = None,
         lane_width: int = 1,
         max_running: int | None = None,
+        prepare: bool | None = True,
     ) -> None:
         self.pool, self.store = pool, store
+        self.prepare = prepare
         self.outage = outage or Outage()
         self.lane_width, self.max_running = lane_width, max_running
         self.queue, self.worker, self.lease = queue, worker, lease
@@ -259,6 +264,7 @@ class Taker:
                         tokens,
                         self.lane_width,
                         self.max_running,
+                        self.prepare,
                     )
                 self._watched("front", sent, batch)
                 break
@@ -316,6 +322,7 @@ class Taker:
                         token,
                         self.lane_width,
                         self.max_running,
+                        self.prepare,
                     )
                 self._watched("by_lane", sent, Batch(frozenset(), [] if job is None else [job]))
             except (errors.UniqueViolation, errors.TransactionRollback):
