@@ -300,6 +300,8 @@ CREATE TABLE IF NOT EXISTS "synclane".workers (
     -- some or back, so that a worker that frees a lane knows whether anyone waits for its job
     waiting integer NOT NULL DEFAULT 0,
     stopping boolean NOT NULL DEFAULT false,
+    -- the backend that beats for it (its session), or -1 for a worker that beats through a
+    -- transaction pooler and has no session of its own
     session_pid integer,
     started_at timestamptz NOT NULL DEFAULT now(),
     last_seen_at timestamptz NOT NULL DEFAULT now(),

@@ -111,7 +111,7 @@ def test_planning_operations_and_reads_work_through_a_transaction_pooler(
         assert set(app.progress("shops")["owner"]) == {"acme-us", "acme-eu", "globex"}
         assert app.cancel("shops", "acme-eu", "disconnected") == 0
         assert "lane" in app.lanes("shops").columns
-        assert set(app.coverage("shops")["owner"]) == {"acme-us", "acme-eu", "globex"}
+        assert set(app.depth()["queue"]) <= {"shops"}
         assert app.workers().empty  # the workers left the list
     finally:
         app.close()

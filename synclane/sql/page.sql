@@ -306,7 +306,7 @@ SELECT name, host, pid, version, queues, slots, busy, started_at, last_seen_at, 
        count(*) OVER () AS total
 FROM (
     SELECT w.*,
-           CASE WHEN w.expires_at < now() OR (w.session_pid IS NOT NULL AND a.pid IS NULL)
+           CASE WHEN w.expires_at < now() OR (w.session_pid IS DISTINCT FROM -1 AND a.pid IS NULL)
                 THEN 'lost'
                 WHEN w.stopping THEN 'stopping'
                 ELSE 'running' END AS state

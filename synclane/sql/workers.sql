@@ -5,8 +5,8 @@
 
 -- name: worker_register
 -- puts a worker in the list under its name, on the session that will beat for it (with
--- %(session)s false, through a transaction pooler, the connection is no session of its own and
--- none is recorded). A name whose holder's session is gone (it died), or whose holder without a
+-- %(session)s false, through a transaction pooler, the connection is no session of its own: -1
+-- is recorded). A name whose holder's session is gone (it died), or whose holder without a
 -- session stopped beating, is taken over; a name held by a live worker is refused (no row comes
 -- back), so two live workers never share a name, nor a running job's leased_by. The same worker
 -- registering again after its connection broke finds its own row
@@ -14,7 +14,7 @@ INSERT INTO {schema}.workers AS w
     (name, instance, host, pid, version, queues, slots, busy, waiting, stopping, session_pid,
      started_at, last_seen_at, expires_at)
 VALUES (%(name)s, %(instance)s, %(host)s, %(pid)s, %(version)s, %(queues)s, %(slots)s,
-        %(busy)s, %(waiting)s, false, CASE WHEN %(session)s THEN pg_backend_pid() END, now(),
+        %(busy)s, %(waiting)s, false, CASE WHEN %(session)s THEN pg_backend_pid() ELSE -1 END, now(),
         now(), now() + %(lost_after)s)
 ON CONFLICT (name) DO UPDATE
 SET instance = excluded.instance, host = excluded.host, pid = excluded.pid,
@@ -24,9 +24,9 @@ SET instance = excluded.instance, host = excluded.host, pid = excluded.pid,
     started_at = CASE WHEN w.instance = excluded.instance THEN w.started_at ELSE now() END,
     last_seen_at = now(), expires_at = excluded.expires_at
 WHERE w.instance = excluded.instance
-   OR (w.session_pid IS NOT NULL
+   OR (w.session_pid IS DISTINCT FROM -1
        AND NOT EXISTS (SELECT FROM pg_stat_activity a WHERE a.pid = w.session_pid))
-   OR (w.session_pid IS NULL AND w.expires_at < now())
+   OR (w.session_pid = -1 AND w.expires_at < now())
 RETURNING name;
 
 -- name: worker_holder
@@ -40,7 +40,7 @@ SELECT host, pid, last_seen_at FROM {schema}.workers WHERE name = %(name)s;
 WITH beat AS (
     UPDATE {schema}.workers
     SET busy = %(busy)s, waiting = %(waiting)s,
-        session_pid = CASE WHEN %(session)s THEN pg_backend_pid() END,
+        session_pid = CASE WHEN %(session)s THEN pg_backend_pid() ELSE -1 END,
         last_seen_at = now(), expires_at = now() + %(lost_after)s
     WHERE name = %(name)s AND instance = %(instance)s
     RETURNING name
@@ -74,7 +74,7 @@ DELETE FROM {schema}.workers WHERE name = %(name)s AND instance = %(instance)s;
 -- through a transaction pooler records no session, and is lost when it stops beating)
 SELECT w.name, w.host, w.pid, w.version, w.queues, w.slots, w.busy, w.started_at,
        w.last_seen_at,
-       CASE WHEN w.expires_at < now() OR (w.session_pid IS NOT NULL AND a.pid IS NULL)
+       CASE WHEN w.expires_at < now() OR (w.session_pid IS DISTINCT FROM -1 AND a.pid IS NULL)
             THEN 'lost'
             WHEN w.stopping THEN 'stopping'
             ELSE 'running' END AS state
