@@ -398,31 +398,40 @@ CREATE TRIGGER jobs_wake_new_lanes AFTER INSERT ON "synclane".jobs
 
 -- A changed job wakes its lane when it became open, due sooner, joined the lane or stopped
 -- running other than by completing (its lane may have room), or when a stopped job let go of its
--- lease; a job that left a lane wakes the lane it left. Taking a job (it starts running) and
--- completing one (the worker's hot path), and saving pages, wake nothing, and the trigger's
--- condition is short, because PostgreSQL prepares it again for every statement that updates jobs:
--- the worker that completes tells about the lanes it frees (notify_freed_lanes), and
--- wake_parked_lanes finds any lane freed otherwise.
-CREATE OR REPLACE FUNCTION "synclane".wake_lanes_of_changed_job() RETURNS trigger
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $wake$
+-- lease; a job that left a lane wakes the lane it left. Taking a job (it starts running),
+-- completing one (the worker's hot path) and saving pages wake nothing: the worker that completes
+-- tells about the lanes it frees (notify_freed_lanes), and wake_parked_lanes finds any lane freed
+-- otherwise. No WHEN condition: PostgreSQL would prepare it again for every statement that updates
+-- jobs, the take's included; the function returns at its first line for a take or a completion.
+-- It runs as its caller; the wakes are written by add_wake, which runs as the schema's owner.
+CREATE OR REPLACE FUNCTION "synclane".add_wake(queue_name text, lane_name text, due timestamptz)
+RETURNS void LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $wake$
 BEGIN
+    INSERT INTO "synclane".lane_wakes (queue, lane, due_at) VALUES (queue_name, lane_name, due);
+END
+$wake$;
+CREATE OR REPLACE FUNCTION "synclane".wake_lanes_of_changed_job() RETURNS trigger
+LANGUAGE plpgsql AS $wake$
+BEGIN
+    IF (NEW.status = 'running' OR NEW.status = 'completed')
+       AND NEW.lane = OLD.lane AND NEW.queue = OLD.queue THEN
+        RETURN NULL;  -- taken or completed: the worker's own, see above
+    END IF;
     IF (OLD.queue, OLD.lane) IS DISTINCT FROM (NEW.queue, NEW.lane) THEN
-        INSERT INTO "synclane".lane_wakes (queue, lane, due_at) VALUES (OLD.queue, OLD.lane, now());
+        PERFORM "synclane".add_wake(OLD.queue, OLD.lane, now());
         IF NEW.status IN ('pending', 'failed', 'deferred') THEN
-            INSERT INTO "synclane".lane_wakes (queue, lane, due_at)
-            VALUES (NEW.queue, NEW.lane, NEW.next_run_at);
+            PERFORM "synclane".add_wake(NEW.queue, NEW.lane, NEW.next_run_at);
         END IF;
     ELSIF OLD.status = 'running' OR (OLD.lease_token IS NOT NULL AND NEW.lease_token IS NULL) THEN
         -- stopped running, or let go of a lease: the lane may have room now
-        INSERT INTO "synclane".lane_wakes (queue, lane, due_at)
-        VALUES (NEW.queue, NEW.lane,
-                CASE WHEN NEW.status IN ('pending', 'failed', 'deferred')
-                     THEN least(NEW.next_run_at, now()) ELSE now() END);
+        PERFORM "synclane".add_wake(
+            NEW.queue, NEW.lane,
+            CASE WHEN NEW.status IN ('pending', 'failed', 'deferred')
+                 THEN least(NEW.next_run_at, now()) ELSE now() END);
     ELSIF NEW.status IN ('pending', 'failed', 'deferred')
           AND (OLD.status NOT IN ('pending', 'failed', 'deferred')
                OR NEW.next_run_at < OLD.next_run_at) THEN
-        INSERT INTO "synclane".lane_wakes (queue, lane, due_at)
-        VALUES (NEW.queue, NEW.lane, NEW.next_run_at);
+        PERFORM "synclane".add_wake(NEW.queue, NEW.lane, NEW.next_run_at);
     END IF;
     RETURN NULL;
 END
@@ -430,10 +439,7 @@ $wake$;
 DROP TRIGGER IF EXISTS jobs_wake_changed_lanes ON "synclane".jobs;
 CREATE TRIGGER jobs_wake_changed_lanes
     AFTER UPDATE OF status, next_run_at, lane, queue, lease_token ON "synclane".jobs
-    FOR EACH ROW
-    WHEN (NEW.status <> 'running' AND NEW.status <> 'completed'
-          OR NEW.lane <> OLD.lane OR NEW.queue <> OLD.queue)
-    EXECUTE FUNCTION "synclane".wake_lanes_of_changed_job();
+    FOR EACH ROW EXECUTE FUNCTION "synclane".wake_lanes_of_changed_job();
 
 -- A throttle's pause made shorter by hand (docs/operations.md, fix_unthrottle) brings the lane's
 -- hint to now: a look reads the lane again at once (a parked lane stays parked: it is busy).

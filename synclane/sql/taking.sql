@@ -7,16 +7,99 @@
 -- serves the slots of one worker that ask at the same instant, in one statement and one commit:
 -- first completes each job in %(done_ids)s under its lease guard (its slot has just finished it),
 -- then takes one job for each completion that went through and for each of %(plain)s slots that
--- asked with nothing to complete: the best due jobs of distinct lanes with room, from the front of
--- the line, none while the queue is paused and no more than its %(max_running)s allows, marked
--- running under the worker's own lease tokens, each in a free slot of its lane (and of its queue,
--- under a cap). Reads the jobs and the lanes' pauses as they are, writes nothing but jobs: no
--- hint, no second table, so a caller's open transaction holds nothing it needs. Two takers of one
--- slot may both pass this query; the running-lane index (or the queue-slot index) lets only one of
--- them commit: the other gets a unique violation, its completions roll back with it, and it asks
--- again. One row always comes back; every row carries the ids completed, and a taken job's columns
--- (NULL when none). A lease runs from when it is granted (clock_timestamp()), not from the start
--- of a statement that waited for a row lock.
+-- asked with nothing to complete: the best due jobs of distinct free lanes, from the front of the
+-- line, none while the queue is paused, marked running under the worker's own lease tokens. For a
+-- queue with lanes one wide and no cap (take_front_slotted numbers the slots of the others: the
+-- executor starts every node of a plan at every execution, and the numbering is a third of them).
+-- Reads the jobs and the lanes' pauses as they are, writes nothing but jobs: no hint, no second
+-- table, so a caller's open transaction holds nothing it needs. Two takers of one lane may both
+-- pass this query; the running-lane index lets only one of them commit: the other gets a unique
+-- violation, its completions roll back with it, and it asks again. One row always comes back;
+-- every row carries the ids completed, and a taken job's columns (NULL when none). A lease runs
+-- from when it is granted (clock_timestamp()), not from the start of a statement that waited for
+-- a row lock.
+WITH done AS (
+    UPDATE {schema}.jobs j
+    SET status = 'completed', processed_count = j.processed_count + d.count, error = NULL,
+        completed_at = now(), heartbeat_at = now(),
+        leased_by = NULL, lease_token = NULL, lease_expires_at = NULL
+    FROM unnest(%(done_ids)s::bigint[], %(done_tokens)s::uuid[], %(done_counts)s::bigint[])
+         AS d (id, token, count)
+    WHERE j.id = d.id AND j.lease_token = d.token AND j.status = 'running'
+    RETURNING j.id
+),
+room AS (
+    -- how many jobs to take: one per slot served, none while the queue is paused
+    SELECT CASE WHEN EXISTS (SELECT FROM {schema}.queue_pauses WHERE queue = %(queue)s) THEN 0
+                ELSE %(plain)s::int + (SELECT count(*) FROM done) END AS slots
+),
+front AS (
+    -- the best due job of each lane among the first %(front)s in taking order, best first
+    SELECT c.id, c.lane FROM (
+        SELECT DISTINCT ON (f.lane) f.id, f.lane, f.priority, f.window_start FROM (
+            SELECT id, lane, next_run_at, priority, window_start FROM {schema}.jobs
+            WHERE queue = %(queue)s AND status IN ('pending', 'failed')
+            ORDER BY priority, window_start DESC NULLS LAST, id
+            LIMIT %(front)s
+        ) f
+        WHERE f.next_run_at <= now()
+        ORDER BY f.lane, f.priority, f.window_start DESC NULLS LAST, f.id
+    ) c
+    ORDER BY c.priority, c.window_start DESC NULLS LAST, c.id
+    OFFSET 0
+),
+taken AS (
+    -- best first, each lane looked up only until enough are locked (the lanes of the front are
+    -- read in that order, one lookup each in the running-lane index, the index of live leases
+    -- of jobs that stopped running, and the lane's pause): none running (the jobs completed
+    -- above no longer run: their lanes are free at once), no live lease of a job
+    -- that stopped running (its page may still be in flight), no throttle's pause. The limit
+    -- reads the completions first, so they have freed their slots before any job of their lane
+    -- is marked running
+    SELECT j.id, j.status, j.lane, row_number() OVER () AS n FROM (
+        SELECT j.id, j.status, j.lane FROM front c
+        JOIN {schema}.jobs j ON j.id = c.id
+        WHERE j.status IN ('pending', 'failed')
+          AND (SELECT count(*) FROM {schema}.jobs r
+               WHERE r.queue = %(queue)s AND r.lane = c.lane AND r.status = 'running'
+                 AND r.id <> ALL (%(done_ids)s::bigint[])) = 0
+          AND (SELECT count(*) FROM {schema}.jobs h
+               WHERE h.queue = %(queue)s AND h.lane = c.lane AND h.status <> 'running'
+                 AND h.lease_token IS NOT NULL AND h.lease_expires_at > now()) = 0
+          AND coalesce((SELECT p.paused_until FROM {schema}.lanes p
+                        WHERE p.queue = %(queue)s AND p.lane = c.lane), '-infinity') <= now()
+        LIMIT (SELECT greatest(slots, 0) FROM room)
+        FOR UPDATE OF j SKIP LOCKED
+    ) j
+),
+tokened AS (
+    -- the worker's own tokens, in taking order: after a lost answer it finds what it took
+    SELECT t.id, t.status, (%(tokens)s::uuid[])[t.n] AS token FROM taken t
+),
+next AS (
+    UPDATE {schema}.jobs j
+    SET status = 'running', leased_by = %(worker)s, lease_token = tokened.token,
+        lease_expires_at = clock_timestamp() + %(lease)s, attempt_count = j.attempt_count + 1,
+        started_at = now(), heartbeat_at = now(),
+        lane_slot = 0, queue_slot = NULL
+    FROM tokened
+    WHERE j.id = tokened.id
+    RETURNING j.id, j.queue, j.owner, j.lane, j.type, j.mode, j.window_start, j.window_end,
+              j.cursor, j.attempt_count, j.throttle_count, j.processed_count, j.lease_token, j.stalls,
+              tokened.status AS previous_status, j.priority
+)
+SELECT ARRAY(SELECT id FROM done) AS completed, next.*
+FROM (SELECT) AS one
+LEFT JOIN next ON true
+ORDER BY next.priority, next.window_start DESC NULLS LAST, next.id;
+
+-- name: take_front_slotted
+-- take_front for a queue with lanes wider than one (%(lane_width)s) or a cap (%(max_running)s):
+-- the best due jobs of distinct lanes with room (fewer than %(lane_width)s running), no more than
+-- the queue's free slots allow (every live lease holds one, a cancelled page in flight too), each
+-- marked running in a free slot of its lane and, under a cap, of its queue. Two takers of one slot
+-- may both pass this query; the running-lane index (or the queue-slot index) lets only one of them
+-- commit, as in take_front
 WITH done AS (
     UPDATE {schema}.jobs j
     SET status = 'completed', processed_count = j.processed_count + d.count, error = NULL,

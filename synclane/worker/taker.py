@@ -121,7 +121,9 @@ async def take_front(
         "done_tokens": [job.token for job in finished],
         "done_counts": [job.count for job in finished],
     }
-    query, names = store.positional("take_front")
+    # the slot numbering costs a third of the plan's nodes: only queues that need it run it
+    statement = "take_front" if lane_width == 1 and max_running is None else "take_front_slotted"
+    query, names = store.positional(statement)
     # Prepared at its first execution: psycopg would wait for the fifth of each combination of
     # parameter types (an empty list or none, small or large numbers) and plan each before it.
     # Never through a transaction pooler (`prepare=None`).
