@@ -39,7 +39,7 @@ def _fill(db: psycopg.Connection[Any], schema: str) -> None:
             " FROM generate_series(1, 4000) n"
         ).format(jobs)
     )
-    db.execute(Store(schema).query("fold_wakes"), {"queue": "q", "limit": 5000})
+    db.execute(Store(schema).query("mend_lanes"), {"queue": "q", "lane_width": 1, "limit": 5000})
     for table in ("jobs", "lanes", "lane_wakes"):
         db.execute(sql.SQL("ANALYZE {}").format(sql.Identifier(schema, table)))
 

@@ -220,7 +220,9 @@ def _generic_plan(dsn: str, schema: str, statement: str, params: dict[str, Any])
 def _many_lanes(db: psycopg.Connection[Any], schema: str) -> None:
     _insert(db, schema, [f"lane-{n % 2000}" for n in range(4000)])
     # what a worker does every poll_interval: the new lanes' wakes become their rows in lanes
-    db.execute(Store(schema).query("fold_wakes"), {"queue": "shops", "limit": 5000})
+    db.execute(
+        Store(schema).query("mend_lanes"), {"queue": "shops", "lane_width": 1, "limit": 5000}
+    )
     db.execute(sql.SQL("ANALYZE {}").format(sql.Identifier(schema, "jobs")))
     db.execute(sql.SQL("ANALYZE {}").format(sql.Identifier(schema, "lanes")))
 

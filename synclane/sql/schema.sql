@@ -368,7 +368,7 @@ DROP INDEX IF EXISTS {schema}.jobs_open_lanes;
 -- left it, or let go of a lease). Only ever inserted and deleted, never updated, and with no key:
 -- writing one never waits for another transaction, and one that is written by a transaction
 -- still open (enqueue(conn=...)) holds nothing a worker needs. A look deletes the wakes of the
--- lanes it has read; fold_wakes turns the others into hints every poll_interval.
+-- lanes it has read; mend_lanes turns the others into hints every poll_interval.
 CREATE TABLE IF NOT EXISTS {schema}.lane_wakes (
     queue text NOT NULL,
     lane text NOT NULL,
@@ -400,7 +400,7 @@ CREATE TRIGGER jobs_wake_new_lanes AFTER INSERT ON {schema}.jobs
 -- running other than by completing (its lane may have room), or when a stopped job let go of its
 -- lease; a job that left a lane wakes the lane it left. Taking a job (it starts running),
 -- completing one (the worker's hot path) and saving pages wake nothing: the worker that completes
--- tells about the lanes it frees (notify_freed_lanes), and wake_parked_lanes finds any lane freed
+-- tells about the lanes it frees (notify_freed_lanes), and mend_lanes finds any lane freed
 -- otherwise. No WHEN condition: PostgreSQL would prepare it again for every statement that updates
 -- jobs, the take's included; the function returns at its first line for a take or a completion.
 -- It runs as its caller; the wakes are written by add_wake, which runs as the schema's owner.

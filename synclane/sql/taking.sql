@@ -678,30 +678,31 @@ WITH released AS (
 )
 SELECT id FROM released;
 
--- name: wake_parked_lanes
--- the lanes parked as busy (lanes.due_at = 'infinity') that have room now, whoever gave it to them
--- (a worker, a user's UPDATE or DELETE): each gets a wake, so the next look reads it again. Sent
--- every poll_interval, it bounds how long a lane freed without a wake stays parked; a lane with a
--- wake already waiting gets no second one. Writes only wakes: it never waits for a lock
-INSERT INTO {schema}.lane_wakes (queue, lane, due_at)
-SELECT l.queue, l.lane, now() FROM {schema}.lanes l
-WHERE l.queue = %(queue)s AND l.due_at = 'infinity'
-  AND (SELECT count(*) FROM {schema}.jobs r
-       WHERE r.queue = %(queue)s AND r.lane = l.lane AND r.status = 'running') < %(lane_width)s
-  AND (SELECT count(*) FROM {schema}.jobs h
-       WHERE h.queue = %(queue)s AND h.lane = l.lane AND h.status <> 'running'
-         AND h.lease_token IS NOT NULL AND h.lease_expires_at > now()) = 0
-  AND NOT EXISTS (SELECT FROM {schema}.lane_wakes w
-                  WHERE w.queue = %(queue)s AND w.lane = l.lane AND w.due_at <= now())
-RETURNING lane;
-
--- name: fold_wakes
--- turns up to %(limit)s lanes' wakes into their hints (the earlier of the two; a parked lane's
--- wake un-parks it) and deletes them, so that wakes do not pile up while the front of the line
--- serves every take and no look reads them. A lane whose row another transaction holds keeps its
--- wakes for the next fold or look; the lanes are locked in lane order, as every writer does.
--- Returns how many lanes it folded
-WITH batch AS MATERIALIZED (
+-- name: mend_lanes
+-- what keeps the lanes' hints a cache, every poll_interval: the lanes parked as busy
+-- (lanes.due_at = 'infinity') that have room now, whoever gave it to them (a worker, a user's
+-- UPDATE or DELETE), each get a wake, so the next look reads them again (a lane with a wake already
+-- due gets no second one); and up to %(limit)s lanes' wakes become their hints (the earlier of the
+-- two; a parked lane's wake un-parks it) and are deleted, so that wakes do not pile up while the
+-- front of the line serves every take and no look reads them. A lane whose row another transaction
+-- holds keeps its wakes for the next mend or look, never waited for; the lanes are locked in lane
+-- order, as every writer does. Returns how many lanes it woke and how many it folded
+WITH woken AS (
+    INSERT INTO {schema}.lane_wakes (queue, lane, due_at)
+    SELECT l.queue, l.lane, now() FROM {schema}.lanes l
+    WHERE l.queue = %(queue)s AND l.due_at = 'infinity'
+      AND (SELECT count(*) FROM {schema}.jobs r
+           WHERE r.queue = %(queue)s AND r.lane = l.lane AND r.status = 'running')
+          < %(lane_width)s
+      AND (SELECT count(*) FROM {schema}.jobs h
+           WHERE h.queue = %(queue)s AND h.lane = l.lane AND h.status <> 'running'
+             AND h.lease_token IS NOT NULL AND h.lease_expires_at > now()) = 0
+      AND (SELECT count(*) FROM {schema}.lane_wakes w
+           WHERE w.queue = %(queue)s AND w.lane = l.lane AND w.due_at <= now()) = 0
+    RETURNING lane
+),
+batch AS MATERIALIZED (
+    -- the wakes already there (those written above are the next mend's, or a look's)
     SELECT w.lane, min(w.due_at) AS due_at FROM {schema}.lane_wakes w
     WHERE w.queue = %(queue)s
     GROUP BY w.lane
@@ -715,10 +716,9 @@ mine AS MATERIALIZED (
     FOR UPDATE SKIP LOCKED
 ),
 listed AS MATERIALIZED (
-    SELECT b.lane, b.due_at,
-           EXISTS (SELECT FROM {schema}.lanes x WHERE x.queue = %(queue)s AND x.lane = b.lane)
-               AS listed
+    SELECT b.lane, b.due_at, x.lane IS NOT NULL AS listed
     FROM batch b
+    LEFT JOIN {schema}.lanes x ON x.queue = %(queue)s AND x.lane = b.lane
 ),
 hinted AS (
     UPDATE {schema}.lanes l SET due_at = least(l.due_at, b.due_at)
@@ -739,7 +739,8 @@ answered AS (
       AND w.lane = ANY (ARRAY(SELECT lane FROM hinted UNION ALL SELECT lane FROM added))
     RETURNING w.lane
 )
-SELECT (SELECT count(*) FROM batch) AS lanes, (SELECT count(*) FROM answered) AS wakes;
+SELECT (SELECT count(*) FROM woken) AS woken, (SELECT count(*) FROM batch) AS lanes,
+       (SELECT count(*) FROM answered) AS wakes;
 
 -- name: idle_check
 -- how many jobs of these queues run now, in any process, and how long until the next open one

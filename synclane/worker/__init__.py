@@ -47,7 +47,7 @@ log = logging.getLogger("synclane")
 # it then logs the outage and backs off, instead of waiting silently inside the pool (whose
 # default is 30 s). A healthy pool always has a connection for every slot.
 CONNECTION_WAIT = 3.0
-# How many lanes' wakes one fold_wakes statement turns into hints (a first plan of many owners
+# How many lanes' wakes one mend_lanes statement turns into hints (a first plan of many owners
 # wakes a lane each: they are folded in statements of this size, one after the other).
 FOLD_BATCH = 5000
 
@@ -531,21 +531,23 @@ class Worker:
         look has read become hints. Returns how many lanes were woken."""
         assert self._crew is not None
         store = self.database.store
+        params = {
+            "queue": queue.name,
+            "lane_width": queue.settings.lane_width,
+            "limit": FOLD_BATCH,
+        }
+        woken = 0
         async with self._crew.writer.pool.connection() as conn:
-            cur = await conn.execute(
-                store.query("wake_parked_lanes"),
-                {"queue": queue.name, "lane_width": queue.settings.lane_width},
-            )
-            woken = len(await cur.fetchall())
+            while True:
+                cur = await conn.execute(store.query("mend_lanes"), params)
+                row = await cur.fetchone()
+                assert row is not None
+                woken += int(row[0])
+                if row[1] < FOLD_BATCH or not row[2]:
+                    break
             if woken:
                 await notify_work_async(conn, store, [queue.name])
-            while True:
-                cur = await conn.execute(
-                    store.query("fold_wakes"), {"queue": queue.name, "limit": FOLD_BATCH}
-                )
-                row = await cur.fetchone()
-                if row is None or row[0] < FOLD_BATCH or not row[1]:
-                    return woken
+        return woken
 
     async def _reclaim_loop(self) -> None:
         assert self._crew is not None
