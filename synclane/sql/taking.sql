@@ -245,7 +245,11 @@ mine AS MATERIALIZED (
     FOR UPDATE SKIP LOCKED
 ),
 looked AS MATERIALIZED (
-    SELECT c.lane, p.lane IS NOT NULL AS listed,
+    -- each lane's row looked up by key (scalar subqueries: a join or EXISTS may be planned as a
+    -- read of every lane of the queue)
+    SELECT c.lane,
+           (SELECT count(*) FROM {schema}.lanes x
+            WHERE x.queue = %(queue)s AND x.lane = c.lane) > 0 AS listed,
            (SELECT count(*) FROM {schema}.jobs r
             WHERE r.queue = %(queue)s AND r.lane = c.lane AND r.status = 'running')
                >= %(lane_width)s
@@ -254,7 +258,8 @@ looked AS MATERIALIZED (
            OR (SELECT count(*) FROM {schema}.jobs h
                WHERE h.queue = %(queue)s AND h.lane = c.lane AND h.status <> 'running'
                  AND h.lease_token IS NOT NULL AND h.lease_expires_at > now()) > 0 AS busy,
-           CASE WHEN p.paused_until > now() THEN p.paused_until END AS paused,
+           (SELECT p.paused_until FROM {schema}.lanes p
+            WHERE p.queue = %(queue)s AND p.lane = c.lane AND p.paused_until > now()) AS paused,
            -- when the lane is worth a look again with nothing due now: its earliest pending or
            -- failed job, else its earliest deferred one (that one waits for the others)
            coalesce((SELECT min(j.next_run_at) FROM {schema}.jobs j
@@ -284,7 +289,6 @@ looked AS MATERIALIZED (
                  ORDER BY d.priority, d.window_start DESC NULLS LAST, d.id LIMIT 1)
                 LIMIT 1) head) AS head
     FROM candidates c
-    LEFT JOIN {schema}.lanes p ON p.queue = %(queue)s AND p.lane = c.lane
 ),
 hints AS MATERIALIZED (
     -- what each lane read says, for the lanes without a job to take now
@@ -716,9 +720,11 @@ mine AS MATERIALIZED (
     FOR UPDATE SKIP LOCKED
 ),
 listed AS MATERIALIZED (
-    SELECT b.lane, b.due_at, x.lane IS NOT NULL AS listed
+    -- each lane's row looked up by key (a join may be planned as a read of every lane)
+    SELECT b.lane, b.due_at,
+           (SELECT count(*) FROM {schema}.lanes x
+            WHERE x.queue = %(queue)s AND x.lane = b.lane) > 0 AS listed
     FROM batch b
-    LEFT JOIN {schema}.lanes x ON x.queue = %(queue)s AND x.lane = b.lane
 ),
 hinted AS (
     UPDATE {schema}.lanes l SET due_at = least(l.due_at, b.due_at)
