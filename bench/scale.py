@@ -22,7 +22,7 @@
   owners, pruned each day with a retention of `--keep` days: rows and bytes per day (flat after
   day `--keep`). Then one prune of a table that holds all `--days` days at once.
 - **Blocked take** at `--lanes` lanes (bench.take's worst order: every lane but one runs a job,
-  and the free lane's jobs are the oldest). Goal: p95 < 10 ms at 100,000 lanes.
+  and the free lane's jobs are the oldest). Goal: p95 < 5 ms at 100,000 lanes (issue 25).
 - **The SDK's reads** at `--sdk-rows` rows and `--sdk-owners` owners (bench.sdk's accounts
   table; `--sdk-rows 0` leaves it out, it takes minutes to build). Goal: each < 1 s.
 - **Costs per job** (docs/scaling.md): WAL records and bytes of each statement of a job's life,

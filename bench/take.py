@@ -112,8 +112,9 @@ def measure(dsn: str, schema: str, rounds: int, free: str | None = None) -> list
                 return row
             for _ in range(LOOKS):
                 row = conn.execute(store.query("take_by_lane"), params).fetchone()
-                if row is None or row[1] is not None or row[0] < LANES_A_LOOK:  # (looked, id, …)
-                    return row if row is not None and row[1] is not None else None
+                # (looked, written, id, …)
+                if row is None or row[2] is not None or row[0] < LANES_A_LOOK:
+                    return row if row is not None and row[2] is not None else None
                 conn.commit()  # a look that parked a batch of busy lanes: keep what it learnt
             return None
 
