@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -462,7 +463,8 @@ def test_the_demo_tells_its_story_and_a_requeue_from_another_terminal_ends_it(
     assert process.returncode == 130, "\n".join(said[-20:])
     assert "open http://127.0.0.1:" in out
     program = Path(sys.executable).parent / "synclane"
-    jobs_hint = f"  {program} --dsn {dsn} --schema {schema} --app synclane.demo.app:app jobs"
+    app_words = f"--schema {schema} --app synclane.demo.app:app jobs"
+    jobs_hint = f"  {program} --dsn {shlex.quote(dsn)} {app_words}"
     assert jobs_hint in out.splitlines(), out
     story = "\n".join(said)
     for expected in (
