@@ -155,32 +155,30 @@ class Round:
         move re-laned ones, and, only when the source was read to its end, remove the owners it
         no longer names (their jobs stay)."""
         queue = self.queue.name
-        self._execute("seen_drop", {})
-        self._execute("seen_create", {})
-        try:
-            for batch in owner_batches(self.queue, self.owners_timeout, BATCH):
-                if not batch:
-                    continue
-                known = self._plan(partial(admit, queue, batch))
-                self._execute("seen_add", {"owners": [o.id for o in batch]})
-                # New owners get their first plan while the source streams, batch by batch.
-                if any(o.id in known and not known[o.id].planned for o in batch):
-                    self.plan_due()
-                else:
-                    self._now_and_then()
-            self._execute("seen_analyze", {})
-            (swept,) = self._fetch("sweep_owners", {"queue": queue})
-            if swept["removed"]:
-                log.info(
-                    "queue %s: %d owner(s) no longer named by the owner source, nothing more is "
-                    "planned for them (their open jobs stay; cancel them with app.cancel): %s",
-                    queue,
-                    swept["removed"],
-                    ", ".join(swept["examples"]) + ("…" if swept["removed"] > 3 else ""),
-                )
-            self._execute("owners_reconciled", {"queue": queue})
-        finally:
-            self._execute("seen_drop", {})
+        # The owners named so far, in this process: the source is read across many transactions,
+        # which behind a transaction pooler run on different server connections, so a session's
+        # temporary table would not be there for the next one. A million ids take about 90 MB.
+        seen: set[str] = set()
+        for batch in owner_batches(self.queue, self.owners_timeout, BATCH):
+            if not batch:
+                continue
+            known = self._plan(partial(admit, queue, batch))
+            seen.update(o.id for o in batch)
+            # New owners get their first plan while the source streams, batch by batch.
+            if any(o.id in known and not known[o.id].planned for o in batch):
+                self.plan_due()
+            else:
+                self._now_and_then()
+        (swept,) = self._fetch("sweep_owners", {"queue": queue, "seen": list(seen)})
+        if swept["removed"]:
+            log.info(
+                "queue %s: %d owner(s) no longer named by the owner source, nothing more is "
+                "planned for them (their open jobs stay; cancel them with app.cancel): %s",
+                queue,
+                swept["removed"],
+                ", ".join(swept["examples"]) + ("…" if swept["removed"] > 3 else ""),
+            )
+        self._execute("owners_reconciled", {"queue": queue})
 
     # -- planning what is due ------------------------------------------------------------------
 

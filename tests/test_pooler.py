@@ -191,3 +191,29 @@ def test_a_pooler_synclane_does_not_know_is_refused_by_name(
         assert app.pooler == "transaction"
     finally:
         app.close()
+
+
+def test_a_pooled_planning_round_removes_the_owners_its_source_no_longer_names(
+    schema: str, pooled: str, db: psycopg.Connection[Any]
+) -> None:
+    """A worker's round reads the owner source across many transactions; through a pooler each
+    may run on another server connection, so what it remembers between them cannot live in a
+    session (a temporary table was created on one connection and written on the next)."""
+    named = [Owner(f"shop-{n}") for n in range(7)]
+    app = SyncLane(pooled, schema=schema, pooler="transaction")
+    try:
+        queue = app.queue("shops", owners_interval=0.001)
+        queue.owners(lambda name: list(named))
+        queue.snapshot("products", every=timedelta(days=1))(lambda job: Page(None))
+        plan = app.worker(["shops"]).plan
+        assert plan is not None
+        assert plan("shops") == 7
+        del named[2:5]
+        time.sleep(0.01)
+        assert plan("shops") == 0
+        owners = db.execute(
+            sql.SQL("SELECT owner FROM {} ORDER BY owner").format(sql.Identifier(schema, "owners"))
+        ).fetchall()
+        assert [o for (o,) in owners] == ["shop-0", "shop-1", "shop-5", "shop-6"]
+    finally:
+        app.close()

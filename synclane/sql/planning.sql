@@ -238,30 +238,13 @@ SET period = excluded.period,
                    THEN excluded.horizon ELSE planned_types.horizon END,
     pass_period = NULL, pass_horizon = NULL, pass_after = NULL;
 
--- name: seen_create
--- the owners one reconciliation has read from the source so far (a temporary table of this
--- session: it writes no WAL and disappears with the connection)
-CREATE TEMPORARY TABLE IF NOT EXISTS synclane_seen_owners (owner text NOT NULL);
-
--- name: seen_add
--- remembers a batch of the owners the source named
-INSERT INTO pg_temp.synclane_seen_owners (owner) SELECT unnest(%(owners)s::text[]);
-
--- name: seen_analyze
--- statistics for the sweep's anti-join (temporary tables are never analyzed on their own)
-ANALYZE pg_temp.synclane_seen_owners;
-
--- name: seen_drop
--- the reconciliation is over
-DROP TABLE IF EXISTS pg_temp.synclane_seen_owners;
-
 -- name: sweep_owners
 -- after the source was read to its end: owners it no longer names leave the owners table, so
 -- nothing more is planned for them; their jobs stay as they are (cancelling is the user's call)
 WITH gone AS (
     DELETE FROM {schema}.owners o
     WHERE o.queue = %(queue)s
-      AND NOT EXISTS (SELECT 1 FROM pg_temp.synclane_seen_owners s WHERE s.owner = o.owner)
+      AND NOT EXISTS (SELECT 1 FROM unnest(%(seen)s::text[]) AS s (owner) WHERE s.owner = o.owner)
     RETURNING o.owner
 )
 SELECT count(*) AS removed, (array_agg(owner ORDER BY owner))[1:3] AS examples FROM gone;
