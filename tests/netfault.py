@@ -76,10 +76,14 @@ class AnswerDropper:
     def _upstream(
         self, client: socket.socket, server: socket.socket, doomed: threading.Event
     ) -> None:
+        # This connection's prepared statements (name -> text): a statement prepared on an
+        # earlier use runs by name alone (a Bind), without its text.
+        prepared: dict[bytes, bytes] = {}
         try:
             while data := client.recv(65536):
+                prepared.update(_parsed(data))
                 with self._lock:
-                    if self._marker is not None and self._marker in data:
+                    if self._marker is not None and _runs(data, self._marker, prepared):
                         self._marker = None
                         doomed.set()
                 server.sendall(data)
@@ -107,6 +111,40 @@ class AnswerDropper:
         finally:
             _close(client)
             _close(server)
+
+
+def _messages(stream: bytes) -> Iterator[tuple[bytes, bytes]]:
+    """The (kind, body) of each whole frontend message in `stream`."""
+    offset = 0
+    while offset + 5 <= len(stream):
+        kind = stream[offset : offset + 1]
+        (length,) = struct.unpack("!I", stream[offset + 1 : offset + 5])
+        yield kind, stream[offset + 5 : offset + 1 + length]
+        offset += 1 + length
+
+
+def _parsed(stream: bytes) -> dict[bytes, bytes]:
+    """The named statements a client prepares in `stream` (Parse: name, then text)."""
+    found = {}
+    for kind, body in _messages(stream):
+        if kind == b"P":
+            name, _, rest = body.partition(b"\0")
+            if name:
+                found[name] = rest.partition(b"\0")[0]
+    return found
+
+
+def _runs(stream: bytes, marker: bytes, prepared: dict[bytes, bytes]) -> bool:
+    """Whether `stream` runs a statement whose text holds `marker`: sent as text, or bound by
+    the name of one prepared earlier (Bind: portal, then statement name)."""
+    if marker in stream:
+        return True
+    for kind, body in _messages(stream):
+        if kind == b"B":
+            name = body.split(b"\0", 2)[1]
+            if marker in prepared.get(name, b""):
+                return True
+    return False
 
 
 def _has_ready_for_query(stream: bytes) -> bool:
