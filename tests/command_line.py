@@ -5,6 +5,8 @@ returns (exit status, stdout, stderr). `app=False` leaves --app out; `dsn=` give
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -46,3 +48,39 @@ def run_in_process(
 
     yield invoke
     sys.modules.pop("cli_app", None)
+
+
+def on_a_terminal(
+    words: list[str], env: dict[str, str], columns: int = 160, cwd: Path | None = None
+) -> tuple[int, str]:
+    """`python -m synclane.cli WORDS` on a pseudo-terminal `columns` wide, 40 lines high: its
+    exit status and all it wrote there, escape sequences included."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, columns, 0, 0))
+    env = {**env, "COLUMNS": str(columns), "LINES": "40", "TERM": "xterm"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "synclane.cli", *words],
+        stdin=follower, stdout=follower, stderr=follower, env=env, cwd=cwd,
+    )  # fmt: skip
+    os.close(follower)
+    seen = b""
+    try:
+        while True:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # the process closed the terminal
+                break
+            if not chunk:
+                break
+            seen += chunk
+        code = process.wait(timeout=60)
+    finally:
+        os.close(leader)
+        if process.poll() is None:
+            process.kill()
+    return code, seen.decode("utf-8", "replace")

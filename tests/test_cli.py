@@ -13,7 +13,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from command_line import Run
+from command_line import Run, on_a_terminal
 from psycopg import sql
 from rich.progress import Progress, TimeElapsedColumn
 
@@ -206,7 +206,6 @@ def test_the_readme_example_as_an_app_does_not_run_its_script(
     code = example.group(1).replace('schema="readme"', f"schema={schema!r}")
     (tmp_path / "readme_app.py").write_text(code, encoding="utf-8")
     SyncLane(dsn, schema=schema).close()  # the table exists: `jobs` creates none
-    began = time.monotonic()
     done = subprocess.run(
         [sys.executable, "-m", "synclane.cli", "--dsn", dsn, "--app", "readme_app:app", "jobs"],
         capture_output=True,
@@ -215,8 +214,9 @@ def test_the_readme_example_as_an_app_does_not_run_its_script(
         cwd=tmp_path,
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "no jobs"
-    assert time.monotonic() - began < 4.5, "the example's 5 s of work did not run"
+    # The script's first line plans 15 jobs: had it run on import, `jobs` would list them (a
+    # limit on the command's time said the same, and failed when a loaded machine was slow).
+    assert done.stdout.strip() == "no jobs", "the example's script ran on import"
 
 
 def test_an_unreachable_database_is_one_line_without_the_password() -> None:
@@ -313,8 +313,6 @@ def test_the_dashboard_command_serves_the_page_until_interrupted(dsn: str, schem
 def test_log_lines_stay_above_the_progress_bar_on_a_terminal(dsn: str, schema: str) -> None:
     """On a terminal (a pseudo-terminal here) the bar is drawn and every log line starts a line
     of its own: none is glued to the bar's end ("4/21 jobs done07:17:34 INFO …")."""
-    import pty
-
     env = {
         **os.environ,
         "SYNCLANE_CLI_TEST_SCHEMA": schema,
@@ -325,31 +323,9 @@ def test_log_lines_stay_above_the_progress_bar_on_a_terminal(dsn: str, schema: s
     }
     words = ["--dsn", dsn, "--app", "cli_app:app"]
     subprocess.run([sys.executable, "-m", "synclane.cli", *words, "plan"], env=env, check=True)
-    leader, follower = pty.openpty()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "synclane.cli", *words, "work", "--until-idle", "--idle-grace", "0"],
-        stdin=follower,
-        stdout=follower,
-        stderr=follower,
-        env=env,
-    )
-    os.close(follower)
-    seen = b""
-    try:
-        while True:
-            try:
-                chunk = os.read(leader, 65536)
-            except OSError:  # the process closed the terminal
-                break
-            if not chunk:
-                break
-            seen += chunk
-        assert process.wait(timeout=60) == 3
-    finally:
-        os.close(leader)
-        if process.poll() is None:
-            process.kill()
-    text = re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", seen.decode("utf-8", "replace"))
+    code, seen = on_a_terminal([*words, "work", "--until-idle", "--idle-grace", "0"], env)
+    assert code == 3
+    text = re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", seen)
     lines = [line.strip() for line in re.split(r"[\r\n]+", text) if line.strip()]
     assert any(re.search(r"working .* \d+/\d+ jobs done", line) for line in lines), lines
     logged = [line for line in lines if re.search(r"\d\d:\d\d:\d\d (INFO|WARNING) ", line)]

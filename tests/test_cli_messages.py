@@ -16,7 +16,7 @@ from typing import Any
 import pandas as pd
 import psycopg
 import pytest
-from command_line import Run
+from command_line import Run, on_a_terminal
 from workers import arrange
 
 from synclane import SyncLane, cli
@@ -174,32 +174,10 @@ def test_a_job_that_will_not_run_again_shows_no_next_run(
 def _on_a_terminal(words: list[str], env: dict[str, str]) -> tuple[int, list[str]]:
     """`synclane WORDS` on a pseudo-terminal 160 columns wide: its exit status and the lines it
     showed, each as last drawn (the bar redraws its line in place)."""
-    import pty
     import re
 
-    env = {**env, "COLUMNS": "160", "LINES": "40", "TERM": "xterm"}
-    leader, follower = pty.openpty()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "synclane.cli", *words],
-        stdin=follower, stdout=follower, stderr=follower, env=env,
-    )  # fmt: skip
-    os.close(follower)
-    seen = b""
-    try:
-        while True:
-            try:
-                chunk = os.read(leader, 65536)
-            except OSError:  # the process closed the terminal
-                break
-            if not chunk:
-                break
-            seen += chunk
-        code = process.wait(timeout=60)
-    finally:
-        os.close(leader)
-        if process.poll() is None:
-            process.kill()
-    text = re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", seen.decode("utf-8", "replace"))
+    code, seen = on_a_terminal(words, env)
+    text = re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", seen)
     lines = text.replace("\r\n", "\n").split("\n")
     return code, [line.split("\r")[-1].strip() for line in lines if line.strip()]
 

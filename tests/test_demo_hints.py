@@ -15,6 +15,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from command_line import on_a_terminal
 from psycopg import sql
 from rich.console import Console
 
@@ -70,37 +71,10 @@ def demo_left_waiting(dsn: str, schema: str) -> Iterator[str]:
 
 def _on_an_80_column_terminal(words: list[str], cwd: Path) -> str:
     """What `python -m synclane.cli WORDS` wrote to a pseudo-terminal 80 columns wide."""
-    import fcntl
-    import pty
-    import struct
-    import termios
-
-    leader, follower = pty.openpty()
-    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 80, 0, 0))
     env = {k: v for k, v in os.environ.items() if k not in ("SYNCLANE_DSN", "SYNCLANE_SCHEMA")}
-    env.update(COLUMNS="80", LINES="40", TERM="xterm")
-    process = subprocess.Popen(
-        [sys.executable, "-m", "synclane.cli", *words],
-        stdin=follower, stdout=follower, stderr=follower, env=env, cwd=cwd,
-    )  # fmt: skip
-    os.close(follower)
-    seen = b""
-    try:
-        while True:
-            try:
-                chunk = os.read(leader, 65536)
-            except OSError:
-                break
-            if not chunk:
-                break
-            seen += chunk
-        process.wait(timeout=60)
-    finally:
-        os.close(leader)
-        if process.poll() is None:
-            process.kill()
+    _, seen = on_a_terminal(words, env, columns=80, cwd=cwd)
     # the bar redraws itself with a carriage return or by erasing its line: each starts a line
-    text = re.sub(r"\r|\x1b\[2K", "\n", seen.decode("utf-8", "replace"))
+    text = re.sub(r"\r|\x1b\[2K", "\n", seen)
     return re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", text)
 
 
