@@ -13,7 +13,7 @@
 - **First plan** of `--first` owners × 25 history slices and a refresh, in a process of its own
   (the round a worker runs on an empty table): time and peak RSS. Goal: < 30 s, < 300 MiB.
 - **The insert's floor**: the first plan's insert for a twentieth of `--first` owners into a
-  jobs table taken apart (primary key only; then the lane-hint trigger, the dedup index, ON
+  jobs table taken apart (primary key only; then the wake trigger, the dedup index, ON
   CONFLICT, the other indexes added back): what each piece costs, and the rate a first plan can
   reach at best on this server. Then **each index on its own**: the same insert with the primary
   key, the dedup index and the trigger, plus one index at a time (`--index-costs OWNERS` runs
@@ -286,7 +286,7 @@ def insert_floor(dsn: str, owners: int) -> list[str]:
     """Rows per second of the first plan's insert as the table's pieces are added back."""
     steps = [
         ("the table and its primary key", False, False, False, False),
-        ("+ the lane-hint trigger", True, False, False, False),
+        ("+ the trigger that wakes new lanes", True, False, False, False),
         ("+ the dedup index", True, True, False, False),
         ("+ ON CONFLICT DO NOTHING", True, True, True, False),
         (
@@ -309,7 +309,7 @@ def insert_floor(dsn: str, owners: int) -> list[str]:
                     conn.execute(sql.SQL("DROP INDEX {}").format(sql.Identifier(schema, index)))
                 if not trigger:
                     conn.execute(
-                        sql.SQL("DROP TRIGGER jobs_hint_lanes ON {}").format(
+                        sql.SQL("DROP TRIGGER jobs_wake_new_lanes ON {}").format(
                             sql.Identifier(schema, "jobs")
                         )
                     )
@@ -329,7 +329,7 @@ def insert_floor(dsn: str, owners: int) -> list[str]:
 
 def index_costs(dsn: str, owners: int) -> list[str]:
     """What each index adds to the first plan's insert on its own: the table with its primary
-    key, the dedup index and the lane-hint trigger, then with one more index at a time."""
+    key, the dedup index and the wake trigger, then with one more index at a time."""
 
     def insert(keep: str | None) -> tuple[float, int]:
         with fresh_schema(dsn, "bench_index") as schema:
@@ -356,7 +356,7 @@ def index_costs(dsn: str, owners: int) -> list[str]:
     base, _ = insert(None)
     lines = [
         f"insert of {owners * 26:,} planned rows with the primary key, the dedup index and the "
-        f"lane-hint trigger: {base:.2f} s"
+        f"wake trigger: {base:.2f} s"
     ]
     for index in QUERY_INDEXES:
         elapsed, size = insert(index)
