@@ -217,3 +217,42 @@ def test_a_pooled_planning_round_removes_the_owners_its_source_no_longer_names(
         assert [o for (o,) in owners] == ["shop-0", "shop-1", "shop-5", "shop-6"]
     finally:
         app.close()
+
+
+def test_the_page_reads_through_a_transaction_pooler_what_it_reads_directly(
+    dsn: str, schema: str, pooled: str
+) -> None:
+    """The page's reads (the dashboard's Reader) through PgBouncer answer as a direct connection
+    does: each read carries its own settings, since no session is the page's."""
+    from synclane.dashboard.state import Reader
+
+    app = SyncLane(dsn, schema=schema)
+    try:
+        queue = app.queue("shops")
+        queue.owners(lambda name: [Owner("acme", lane="a"), Owner("globex", lane="b")])
+
+        @queue.snapshot("products", every=timedelta(days=1))
+        def products(job: Job) -> Page:
+            if job.owner == "globex":
+                raise RuntimeError("the shop answered 500")
+            return Page(None, 3)
+
+        app.plan()
+        app.run_worker(until_idle=True, idle_grace=0, stop_after=20)
+    finally:
+        app.close()
+    readers = [
+        Reader(dsn, schema, lambda: ["shops"]),
+        Reader(pooled, schema, lambda: ["shops"], pooled=True),
+    ]
+    try:
+        answers = [
+            (r.accounts(), r.lanes(), r.failures(), r.jobs(), r.summary()["queues"])
+            for r in readers
+        ]
+    finally:
+        for reader in readers:
+            reader.close()
+    direct, through = answers
+    assert through == direct
+    assert {row["owner"] for row in direct[3]["rows"]} == {"acme", "globex"}
