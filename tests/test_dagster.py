@@ -318,6 +318,33 @@ def test_planning_materializes_each_queue_with_how_far_its_history_is(
     )
 
 
+def test_planning_and_working_run_through_a_transaction_pooler(
+    dsn: str, schema: str, monkeypatch: pytest.MonkeyPatch, instance: DagsterInstance
+) -> None:
+    """The plan and work jobs with the app's DSN through PgBouncer in transaction mode
+    ($SYNCLANE_POOLER): the same materialization as on a direct connection (the test above)."""
+    from pooler import pgbouncer
+
+    with pgbouncer(dsn, server_connections=2) as pooled:
+        monkeypatch.setenv("SYNCLANE_DAGSTER_TEST_SCHEMA", schema)
+        monkeypatch.setenv("SYNCLANE_DSN", pooled)
+        monkeypatch.setenv("SYNCLANE_POOLER", "transaction")
+        monkeypatch.delitem(sys.modules, "dagster_app", raising=False)
+        module = importlib.import_module("dagster_app")
+        try:
+            assert module.app.database.pooled
+            first = materialized(run(module.defs, PLAN, instance))["shops"]
+            assert first["jobs_added"] == 9 + 3
+            work_until_idle(module.defs, instance, "shops")
+            again = materialized(run(module.defs, PLAN, instance))["shops"]
+            assert again["jobs_added"] == 0
+            assert (again["slices_loaded"], again["slices_total"]) == (6, 9)
+            assert again["failing_owners"] == ["globex"]
+        finally:
+            module.RELEASE.set()
+            module.app.close()
+
+
 def test_the_abandoned_jobs_check_fails_until_the_jobs_are_requeued(
     loaded: ModuleType, defs: Definitions, instance: DagsterInstance
 ) -> None:
