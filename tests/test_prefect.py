@@ -794,6 +794,34 @@ def test_plan_then_work_completes_jobs_and_publishes_progress(
         requeue(queue="shop", app_path="prefect_app:app")
 
 
+def test_the_plan_and_work_flows_run_through_a_transaction_pooler(
+    prefect_server: str, dsn: str, schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A block whose DSN goes through PgBouncer in transaction mode, with $SYNCLANE_POOLER in
+    the flows' environment: the same plan and work as on a direct connection (above)."""
+    from pooler import pgbouncer
+
+    with pgbouncer(dsn, server_connections=2) as pooled:
+        monkeypatch.setenv("SYNCLANE_PREFECT_TEST_SCHEMA", schema)
+        monkeypatch.setenv("SYNCLANE_DSN", pooled)
+        monkeypatch.setenv("SYNCLANE_POOLER", "transaction")
+        monkeypatch.delitem(sys.modules, "prefect_app", raising=False)
+        SyncLaneDatabase(dsn=pooled, app_path="prefect_app:app").save("pooled", overwrite=True)
+        try:
+            assert plan(database="pooled", queue="shops") == {"shops": 12}
+            assert sys.modules["prefect_app"].app.database.pooled
+            assert plan(database="pooled", queue="shops") == {"shops": 0}
+            state = work(database="pooled", queues=["shops"], budget_seconds=30,
+                         until_idle=True, return_state=True)  # fmt: skip
+            assert state.is_completed()
+            assert state.result() == {"completed": 10, "failed": 2}
+        finally:
+            module = sys.modules.get("prefect_app")
+            if module is not None:
+                module.RELEASE.set()
+                module.app.close()
+
+
 def test_a_work_run_that_abandons_jobs_ends_failed_and_prefect_sees_why(
     block: str, prefect_server: str, loaded: ModuleType
 ) -> None:
