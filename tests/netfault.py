@@ -148,14 +148,7 @@ def _runs(stream: bytes, marker: bytes, prepared: dict[bytes, bytes]) -> bool:
 
 
 def _has_ready_for_query(stream: bytes) -> bool:
-    offset = 0
-    while offset + 5 <= len(stream):
-        kind = stream[offset : offset + 1]
-        (length,) = struct.unpack("!I", stream[offset + 1 : offset + 5])
-        if kind == b"Z":
-            return True
-        offset += 1 + length
-    return False
+    return any(kind == b"Z" for kind, _ in _messages(stream))
 
 
 def _close(sock: socket.socket) -> None:
