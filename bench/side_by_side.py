@@ -9,18 +9,34 @@ for the next run) and its own `bench.throughput.synclane_rate` runs in a process
 come from there. Each round runs, one after the other: the older commit, this code, the same two
 out of step (pages of 0–2 ms at random), and `pgbench -N -c 4 -T 8`, so that a disturbance of the
 machine hits one round of all, not one of them.
+
+Order matters on one server: a run leaves a checkpoint, autovacuum and a dropped schema behind
+for the run after it, and the first checkpoint after a run makes the next one write whole pages
+to the WAL. So every run starts after a `CHECKPOINT` (where the role may ask for one), and the
+two codes take turns at going first (round 1 the older commit, round 2 this code, ...).
+
+Out of step, a slot's next job comes from the statement that completes its last one, so a slot
+spends each job's time in that statement and in its page: with 8 slots, jobs/s is at most
+8 ÷ (statement + page). In step the page takes nothing, so out of step ÷ in step cannot exceed
+statement ÷ (statement + page). The run prints that ceiling from the in-step rate and the mean
+time an `asyncio.sleep` of 0–2 ms takes here (the event loop wakes in whole milliseconds).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
+
+import psycopg
 
 from bench.common import bench_dsn
 from bench.throughput import UNEVEN_PAGE, pgbench_tps, synclane_rate
@@ -28,6 +44,7 @@ from bench.throughput import UNEVEN_PAGE, pgbench_tps, synclane_rate
 ROOT = Path(__file__).resolve().parent.parent
 # 2de033d: the last commit before the lanes table (schema 2), the reference issue 25 names
 REFERENCE = "2de033d"
+SLOTS = 8  # synclane_rate's 2 processes × 4 slots
 
 
 def worktree(commit: str) -> Path:
@@ -69,6 +86,30 @@ def rate_at(place: Path, dsn: str, jobs: int, page_sleep: float) -> tuple[float,
     return float(rate), float(per_take)
 
 
+def checkpoint(dsn: str) -> None:
+    """A CHECKPOINT, so that the run after it does not pay for the one before; skipped where
+    the role may not ask for one."""
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("CHECKPOINT")
+    except psycopg.errors.InsufficientPrivilege:
+        pass
+
+
+def page_time(page_sleep: float = UNEVEN_PAGE, pages: int = 1000) -> float:
+    """Mean seconds that the out-of-step run's page (`asyncio.sleep` of 0 to page_sleep, at
+    random) takes on this machine."""
+    import random
+
+    async def pages_run() -> float:
+        started = time.perf_counter()
+        for _ in range(pages):
+            await asyncio.sleep(random.uniform(0, page_sleep))
+        return (time.perf_counter() - started) / pages
+
+    return asyncio.run(pages_run())
+
+
 def main(against: str = REFERENCE, rounds: int = 4, jobs: int = 4000) -> list[str]:
     dsn = bench_dsn()
     place = worktree(against)
@@ -79,11 +120,20 @@ def main(against: str = REFERENCE, rounds: int = 4, jobs: int = 4000) -> list[st
         "this code out of step": [],
         "pgbench": [],
     }
+    measures: dict[str, Callable[[], float]] = {
+        f"{against} in step": lambda: rate_at(place, dsn, jobs, 0.0)[0],
+        "this code in step": lambda: synclane_rate(dsn, jobs)[0],
+        f"{against} out of step": lambda: rate_at(place, dsn, jobs, UNEVEN_PAGE)[0],
+        "this code out of step": lambda: synclane_rate(dsn, jobs, page_sleep=UNEVEN_PAGE)[0],
+    }
+    names = list(measures)
     for number in range(rounds):
-        runs[f"{against} in step"].append(rate_at(place, dsn, jobs, 0.0)[0])
-        runs["this code in step"].append(synclane_rate(dsn, jobs)[0])
-        runs[f"{against} out of step"].append(rate_at(place, dsn, jobs, UNEVEN_PAGE)[0])
-        runs["this code out of step"].append(synclane_rate(dsn, jobs, page_sleep=UNEVEN_PAGE)[0])
+        # the older commit first in odd rounds, this code first in even ones
+        order = names if number % 2 == 0 else [names[1], names[0], names[3], names[2]]
+        for name in order:
+            checkpoint(dsn)
+            runs[name].append(measures[name]())
+        checkpoint(dsn)
         runs["pgbench"].append(pgbench_tps(dsn, 8))
         print(
             f"round {number + 1}: "
@@ -102,6 +152,8 @@ def main(against: str = REFERENCE, rounds: int = 4, jobs: int = 4000) -> list[st
             runs["this code out of step"], runs["this code in step"], strict=True
         )
     ]
+    page = page_time()
+    statement = SLOTS / statistics.median(runs["this code in step"])
     lines = [
         f"in step, this code ÷ {against} round by round: "
         + ", ".join(f"{r:.2f}" for r in ratios)
@@ -109,6 +161,9 @@ def main(against: str = REFERENCE, rounds: int = 4, jobs: int = 4000) -> list[st
         "out of step ÷ in step, this code: "
         + ", ".join(f"{r:.2f}" for r in out_of_step)
         + f" (median {statistics.median(out_of_step):.2f}; goal >= 0.8)",
+        f"ceiling of out of step ÷ in step for {SLOTS} slots with one job each: "
+        f"{statement * 1000:.2f} ms a statement (in step) ÷ ({statement * 1000:.2f} + "
+        f"{page * 1000:.2f} ms a page) = {statement / (statement + page):.2f}",
         *(f"{name}: median {statistics.median(values):.0f}" for name, values in runs.items()),
     ]
     print(*lines, sep="\n")
