@@ -267,8 +267,9 @@ class SyncLane(Reads):
         conn: psycopg.Connection[Any] | None = None,
     ) -> int:
         """Add one job by hand (mode 'manual') and return its id. With a dedup_key a second call
-        returns the first job's id instead of adding another. `conn`: run on this psycopg
-        connection, inside its transaction: the job commits or rolls back with it."""
+        returns the first job's id instead of adding another. An answer lost on the way back is
+        settled: the insert is sent again and finds the job it added. `conn`: run on this
+        psycopg connection, inside its transaction: the job commits or rolls back with it."""
         return self._operations.enqueue(
             queue,
             owner,

@@ -115,6 +115,15 @@ def creating_allowed() -> bool:
 
 
 POOLERS = ("transaction",)
+# How long a statement whose answer was lost waits before each new connection it is sent again on.
+RECONNECT_DELAYS = (0.2, 0.5, 1.0, 2.0, 5.0)
+
+
+def lost_connection(error: psycopg.OperationalError) -> bool:
+    """Whether the connection went away under a statement (no answer, or the server shutting
+    down): what it did may have committed. An error the server answered with (a statement
+    timeout, a lock not available) rolled the statement back."""
+    return error.sqlstate is None or error.sqlstate.startswith("57P")
 
 
 def check_pooler(pooler: object) -> str | None:

@@ -11,14 +11,16 @@ import getpass
 import logging
 import re
 import socket
+import time
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
+from uuid import uuid4
 
 import psycopg
 
-from synclane.connection import Database
-from synclane.errors import storable
+from synclane.connection import RECONNECT_DELAYS, Database, lost_connection
+from synclane.errors import DatabaseUnavailable, storable
 from synclane.model import ConfigError, Rate, check_aware, check_name, check_reason, unstorable
 from synclane.owners import owner_batches
 from synclane.queues import Catalog, Queue
@@ -52,12 +54,31 @@ class Operations:
         *,
         conn: psycopg.Connection[Any] | None = None,
     ) -> int:
-        steps = self._enqueue_steps(queue, owner, type, lane, window_start, window_end, dedup_key)
+        q, params = self._enqueue_params(
+            queue, owner, type, lane, window_start, window_end, dedup_key
+        )
         if conn is not None:
             self.database.check_schema()
-            return run(conn, self.database.store, steps, caller=True)
-        with self.database.connection() as shared:
-            return run(shared, self.database.store, steps)
+            return run(conn, self.database.store, self._enqueue(q, params), caller=True)
+        # The job gets a key of this call's own, so that the insert can be sent again after a
+        # lost answer: it finds the job its first send added instead of adding a second.
+        params["dedup_key"] = dedup_key or f"manual:{uuid4()}"
+        lost: psycopg.OperationalError | DatabaseUnavailable | None = None
+        for delay in (0.0, *RECONNECT_DELAYS):
+            time.sleep(delay)
+            try:
+                with self.database.connection() as shared:
+                    return run(shared, self.database.store, self._enqueue(q, params))
+            except psycopg.OperationalError as error:
+                if not lost_connection(error):
+                    raise  # the server answered (a statement timeout, say): nothing committed
+                lost = error
+            except DatabaseUnavailable as error:
+                if lost is None:
+                    raise  # never sent
+                lost = error
+        assert lost is not None
+        raise lost
 
     async def enqueue_async(
         self,
@@ -75,11 +96,13 @@ class Operations:
             return await asyncio.to_thread(
                 self.enqueue, queue, owner, type, lane, window_start, window_end, dedup_key
             )
-        steps = self._enqueue_steps(queue, owner, type, lane, window_start, window_end, dedup_key)
+        q, params = self._enqueue_params(
+            queue, owner, type, lane, window_start, window_end, dedup_key
+        )
         await asyncio.to_thread(self.database.check_schema)
-        return await run_async(conn, self.database.store, steps, caller=True)
+        return await run_async(conn, self.database.store, self._enqueue(q, params), caller=True)
 
-    def _enqueue_steps(
+    def _enqueue_params(
         self,
         queue: str,
         owner: str,
@@ -88,9 +111,9 @@ class Operations:
         window_start: datetime | None,
         window_end: datetime | None,
         dedup_key: str | None,
-    ) -> Steps[int]:
-        """Checks the arguments at once (a ConfigError, nothing written), and returns the steps
-        that add the job."""
+    ) -> tuple[Queue, dict[str, Any]]:
+        """Checks the arguments at once (a ConfigError, nothing written), and returns the queue
+        and the parameters of the job to add."""
         q = self.catalog.get(queue)
         job_type = q.job_type(type)
         check_name("owner", owner)
@@ -117,7 +140,7 @@ class Operations:
             "window_end": window_end,
             "dedup_key": dedup_key,
         }
-        return self._enqueue(q, params)
+        return q, params
 
     def _enqueue(self, queue: Queue, params: dict[str, Any]) -> Steps[int]:
         if params["window_end"] is not None:

@@ -14,7 +14,7 @@ import psycopg
 
 from synclane import planning
 from synclane.batches import retrying
-from synclane.connection import Database
+from synclane.connection import RECONNECT_DELAYS, Database
 from synclane.queues import Queue
 from synclane.steps import limit_idle_transaction
 
@@ -24,8 +24,6 @@ PRUNE_GROUPS = 50
 # How often the elected planner prunes a queue that has a `retention` (or every `retention`,
 # when that is shorter).
 PRUNE_EVERY = timedelta(hours=1)
-# How long a prune waits before each new connection after one broke in a batch.
-RECONNECT_DELAYS = (0.2, 0.5, 1.0, 2.0, 5.0)
 # How long the server keeps a batch's transaction whose client stopped answering.
 IDLE_TIMEOUT = timedelta(minutes=1)
 

@@ -136,3 +136,24 @@ def test_a_lost_answer_to_a_prune_still_counts_what_it_deleted(
     assert deleted > 60 and deleted == before - len(jobs(db, schema))
     count = sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(schema, "jobs"))
     assert db.execute(count).fetchone() == (before - deleted,)
+
+
+@pytest.mark.parametrize("dedup_key", [None, "manual:reload-1"])
+def test_a_lost_answer_to_an_enqueue_adds_one_job_and_returns_it(
+    dsn: str, schema: str, db: psycopg.Connection[Any], dedup_key: str | None
+) -> None:
+    """The insert of app.enqueue commits and its answer is lost. The call raised
+    OperationalError although the job was there, and a caller who sent it again (what else can
+    one do) got a second job when it gave no dedup_key."""
+    with answer_dropper(dsn) as proxy:
+        app = make_app(proxy.dsn, schema)
+        queue = app.queue("q")
+        queue.snapshot("products", every=DAY)(lambda job: Page(None))
+        app.migrate()
+        proxy.drop_answer_to("synclane: enqueue_job")
+        job_id = app.enqueue("q", "acme", "products", dedup_key=dedup_key)
+        app.close()
+    assert proxy.dropped == 1
+    rows = jobs(db, schema)
+    assert [row["id"] for row in rows] == [job_id]
+    assert (rows[0]["owner"], rows[0]["type"], rows[0]["status"]) == ("acme", "products", "pending")
