@@ -239,16 +239,69 @@ class Operations:
         return len(cancelled)
 
     def _changing(self, name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
-        """A statement that changes many rows, sent again when PostgreSQL rolled it back to break
-        a deadlock with a worker (its rows are locked in id order; a worker's lane may not be)."""
-        for attempt in range(1, ATTEMPTS + 1):
+        """A statement that changes rows, in a transaction of its own, and its rows. Sent again
+        when PostgreSQL rolled it back to break a deadlock with a worker (its rows are locked in
+        id order; a worker's lane may not be), and when the connection went away before the
+        transaction committed. When only the commit's answer was lost, the transaction's status,
+        asked on a new connection, says whether it committed: then its rows are the answer."""
+        deadlocks = 0
+        delays = iter(RECONNECT_DELAYS)
+        unsettled: tuple[str, list[tuple[Any, ...]]] | None = None  # (xid, rows) of a commit
+        while True:
+            sent: list[Any] = []  # the transaction's id, then its rows, as their answers come
             try:
                 with self.database.connection() as conn:
-                    return conn.execute(self.database.store.query(name), params).fetchall()
+                    if unsettled is not None:
+                        status = self._status(conn, unsettled[0])
+                        if status == "committed":
+                            return unsettled[1]
+                        if status != "in progress":
+                            unsettled = None  # it rolled back: send it again
+                    if unsettled is None:
+                        return self._transaction(conn, name, params, sent)
             except psycopg.errors.TransactionRollback:
-                if attempt == ATTEMPTS:
+                deadlocks += 1
+                if deadlocks == ATTEMPTS:
                     raise
-        raise AssertionError("unreachable")
+                continue
+            except (psycopg.OperationalError, DatabaseUnavailable) as error:
+                if isinstance(error, psycopg.OperationalError) and not lost_connection(error):
+                    raise  # the server answered (a statement timeout, say): it rolled back
+                if len(sent) == 2:
+                    unsettled = (sent[0], sent[1])  # only the commit's answer is missing
+                elif unsettled is None and not sent and isinstance(error, DatabaseUnavailable):
+                    raise  # nothing was sent on this try, and no earlier one committed
+                delay = next(delays, None)
+                if delay is None:
+                    raise
+                time.sleep(delay)
+                continue
+            # the transaction whose commit went unanswered is still in progress: ask again
+            delay = next(delays, None)
+            if delay is None:
+                raise psycopg.OperationalError(
+                    f"the answer to {name} was lost and its transaction is still in progress: "
+                    "the jobs table shows what it changed once it ends"
+                )
+            time.sleep(delay)
+
+    def _transaction(
+        self, conn: psycopg.Connection[Any], name: str, params: dict[str, Any], sent: list[Any]
+    ) -> list[tuple[Any, ...]]:
+        store = self.database.store
+        with conn.transaction():
+            row = conn.execute(store.query("transaction_id")).fetchone()
+            assert row is not None
+            sent.append(row[0])
+            cur = conn.execute(store.query(name), params)
+            sent.append(cur.fetchall() if cur.description is not None else [])
+        rows: list[tuple[Any, ...]] = sent[1]
+        return rows
+
+    def _status(self, conn: psycopg.Connection[Any], xid: str) -> str | None:
+        row = conn.execute(self.database.store.query("transaction_status"), {"xid": xid})
+        found = row.fetchone()
+        return None if found is None else found[0]
 
     def pause(self, queue: str, reason: str, by: str | None = None) -> dict[str, Any]:
         q = self.catalog.get(queue)
@@ -256,17 +309,13 @@ class Operations:
         who = by if by is not None else default_author()
         check_name("by", who)
         params = {"queue": q.name, "reason": storable(reason), "by": who}
-        with self.database.connection() as conn:
-            row = conn.execute(self.database.store.query("pause_queue"), params).fetchone()
-        assert row is not None
+        (row,) = self._changing("pause_queue", params)
         log.warning("queue %s paused by %s: %s", q.name, row[1], row[2])
         return {"queue": q.name, "paused_at": row[0], "paused_by": row[1], "reason": row[2]}
 
     def resume(self, queue: str) -> bool:
         q = self.catalog.get(queue)
-        with self.database.connection() as conn:
-            row = conn.execute(self.database.store.query("resume_queue"), {"queue": q.name})
-            resumed = row.fetchone() is not None
+        resumed = bool(self._changing("resume_queue", {"queue": q.name}))
         if resumed:
             log.warning("queue %s resumed", q.name)
         return resumed
@@ -290,8 +339,7 @@ class Operations:
         if lane is not None:
             check_name("lane", lane)
         name = "set_queue_rate" if lane is None else "set_lane_rate"
-        with self.database.connection() as conn:
-            conn.execute(self.database.store.query(name), params)
+        self._changing(name, params)
         where = f"lane {lane} of queue {q.name}" if lane is not None else f"queue {q.name}"
         log.info("rate of %s: %s", where, given or "back to the declared one")
 

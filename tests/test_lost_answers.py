@@ -157,3 +157,67 @@ def test_a_lost_answer_to_an_enqueue_adds_one_job_and_returns_it(
     rows = jobs(db, schema)
     assert [row["id"] for row in rows] == [job_id]
     assert (rows[0]["owner"], rows[0]["type"], rows[0]["status"]) == ("acme", "products", "pending")
+
+
+def _abandoned_jobs(app: Any, db: psycopg.Connection[Any], schema: str, count: int) -> list[int]:
+    ids = [app.enqueue("q", "acme", "products", lane=f"lane-{n}") for n in range(count)]
+    jobs_table = sql.Identifier(schema, "jobs")
+    db.execute(
+        sql.SQL("UPDATE {} SET status = 'abandoned', error = 'RuntimeError: gone'").format(
+            jobs_table
+        )
+    )
+    return ids
+
+
+@pytest.mark.parametrize("lost", ["the statement's answer", "the commit's answer"])
+def test_a_lost_answer_to_a_requeue_or_a_cancel_still_counts_what_it_changed(
+    dsn: str, schema: str, db: psycopg.Connection[Any], lost: str
+) -> None:
+    """app.requeue and app.cancel change rows and their answer is lost: the call raised
+    OperationalError, whether or not the change had committed, and a second call counted
+    nothing of what the first had done."""
+    with answer_dropper(dsn) as proxy:
+        app = make_app(proxy.dsn, schema)
+        queue = app.queue("q")
+        queue.snapshot("products", every=DAY)(lambda job: Page(None))
+        app.migrate()
+        _abandoned_jobs(app, db, schema, 3)
+        proxy.drop_answer_to("synclane: requeue_jobs" if "statement" in lost else "COMMIT")
+        requeued = app.requeue("q")
+        assert proxy.dropped == 1
+        assert requeued == 3
+        assert {row["status"] for row in jobs(db, schema)} == {"pending"}
+        proxy.drop_answer_to("synclane: cancel_jobs" if "statement" in lost else "COMMIT")
+        cancelled = app.cancel("q", "acme", "disconnected")
+        assert proxy.dropped == 2
+        app.close()
+    assert cancelled == 3
+    assert {row["status"] for row in jobs(db, schema)} == {"cancelled"}
+
+
+@pytest.mark.parametrize("lost", ["the statement's answer", "the commit's answer"])
+def test_a_lost_answer_to_a_pause_or_a_resume_still_says_what_it_did(
+    dsn: str, schema: str, db: psycopg.Connection[Any], lost: str
+) -> None:
+    """app.resume's answer is lost after it committed: the call raised, and sent again it said
+    the queue had not been paused. app.pause's raised the same way."""
+    with answer_dropper(dsn) as proxy:
+        app = make_app(proxy.dsn, schema)
+        app.queue("q").snapshot("products", every=DAY)(lambda job: Page(None))
+        app.migrate()
+        proxy.drop_answer_to("synclane: pause_queue" if "statement" in lost else "COMMIT")
+        paused = app.pause("q", "warehouse maintenance", by="ops")
+        assert proxy.dropped == 1
+        proxy.drop_answer_to("synclane: resume_queue" if "statement" in lost else "COMMIT")
+        resumed = app.resume("q")
+        assert proxy.dropped == 2
+        app.close()
+    assert (paused["queue"], paused["paused_by"], paused["reason"]) == (
+        "q",
+        "ops",
+        "warehouse maintenance",
+    )
+    assert resumed is True
+    pauses = sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(schema, "queue_pauses"))
+    assert db.execute(pauses).fetchone() == (0,)

@@ -129,3 +129,13 @@ INSERT INTO {schema}.queue_rates AS q (queue, rate_count, rate_period)
 SELECT %(queue)s, %(count)s, %(period)s WHERE %(count)s::int IS NOT NULL
 ON CONFLICT (queue) DO UPDATE SET rate_count = excluded.rate_count,
                                   rate_period = excluded.rate_period;
+
+-- name: transaction_id
+-- the id of the transaction a change by hand runs in: after its commit's answer was lost, its
+-- status says whether it committed
+SELECT pg_current_xact_id()::text AS xid;
+
+-- name: transaction_status
+-- whether a transaction committed ('committed', 'aborted', 'in progress'; NULL when too old to
+-- tell)
+SELECT pg_xact_status(%(xid)s::xid8) AS status;
