@@ -223,6 +223,14 @@ class SyncLane(Reads):
         wider = None if horizon is None else to_duration("horizon", horizon)
         return self._planner.plan(queue, owner, wider, type, conn=check_conn(conn, sync=True))
 
+    def plan_due(self, queue: str | None = None) -> dict[str, int]:
+        """Plan what is due, as a running worker does every `plan_interval`: the owner source is
+        read when the queue's `owners_interval` has passed, and the rest of the round reads only
+        the types whose period began, so the cost follows what is due, not how many owners
+        there are. What an orchestrator's schedule runs (docs/scaling.md). Returns how many jobs
+        were added per queue; a queue that another process is planning now counts 0."""
+        return self._planner.plan_due(queue)
+
     async def plan_async(
         self,
         queue: str | None = None,

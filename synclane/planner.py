@@ -220,6 +220,12 @@ class Planner:
 
     # -- a worker's round: plan what is due ----------------------------------------------------
 
+    def plan_due(self, queue: str | None) -> dict[str, int]:
+        """A planning round of each queue (or one); a queue another process is planning right now
+        counts 0 added (that process plans it)."""
+        self.database.check_schema()
+        return {q.name: self.round(q.name) or 0 for q in self.catalog.pick(queue)}
+
     def round(self, queue_name: str) -> int | None:
         """One planning round of a queue: reconcile its owners when its `owners_interval` has
         passed, plan what is due, prune when its `retention` asks. Returns how many jobs were

@@ -47,9 +47,10 @@ from dagster import (
     instance_for_test,
 )
 
-from synclane import ConfigError, SyncLane
+from synclane import ConfigError, Owner, SyncLane
 from synclane.dagster import SyncLaneResource, definitions
 from synclane.dagster.definitions import cron_at_least_every
+from synclane.dagster.plan import DUE_ONLY, PLAN_TAG
 
 pytestmark = pytest.mark.dagster
 
@@ -256,6 +257,7 @@ def test_the_plan_schedule_requests_a_plan_run(
     ticked = schedule.evaluate_tick(build_schedule_context(instance=persistent))
     (request,) = ticked.run_requests or []
     assert request.tags["dagster/schedule_name"] == f"{PLAN}_schedule"
+    assert request.tags[PLAN_TAG] == DUE_ONLY  # its runs plan what is due (app.plan_due)
 
 
 def test_the_work_schedule_starts_only_the_work_runs_that_are_missing(
@@ -767,3 +769,28 @@ def test_the_demo_code_location_loads_in_dagster(
         )
     finally:
         db.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(database)))
+
+
+def test_a_scheduled_plan_run_plans_what_is_due_and_one_by_hand_plans_everything(
+    loaded: ModuleType,
+    defs: Definitions,
+    instance: DagsterInstance,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The plan schedule's runs carry the due-only tag: they plan as a worker's round does
+    (the owner source read every owners_interval), so their cost follows what is due. A run
+    without it (a materialization by hand) plans everything that is missing."""
+    shops = AssetKey(["synclane", "shops"])
+    job = defs.resolve_job_def(PLAN)
+
+    def planned(tags: dict[str, str]) -> int:
+        result = job.execute_in_process(instance=instance, asset_selection=[shops], tags=tags)
+        return int(materialized(result)["shops"]["jobs_added"])
+
+    assert planned({PLAN_TAG: DUE_ONLY}) == 12  # a new table: the round reads the owners
+    queue = loaded.app.get_queue("shops")
+    named = queue.owner_source
+    assert named is not None
+    monkeypatch.setattr(queue, "owner_source", lambda q: [*named(q), Owner("initech")])
+    assert planned({PLAN_TAG: DUE_ONLY}) == 0  # within owners_interval: nothing is due
+    assert planned({}) == 4  # by hand: initech's two slices, its refresh and its products

@@ -543,6 +543,7 @@ def test_the_deployments_plan_every_minute_and_keep_work_runs_going() -> None:
     assert planning.parameters == {
         "app_path": "synclane.demo.app:app",
         "work_deployment": "synclane-work/synclane-demo-app",
+        "due_only": True,  # the schedule's cost follows what is due, not the fleet
     }
     working = built["synclane-work"]
     assert not working.schedules  # the plan runs keep it going, and each run its successor
@@ -749,6 +750,7 @@ def test_plan_then_work_completes_jobs_and_publishes_progress(
     kind, summary = published(artifact_key(table, "plan"))
     assert kind == "markdown" and "| shops | 12 |" in summary
     assert plan(database=block, queue="shops") == {"shops": 0}
+    assert plan(database=block, queue="shops", due_only=True) == {"shops": 0}
     assert versions(progress_key) == 1  # nothing changed: no new version
 
     # What PREFECT_LOGGING_EXTRA_LOGGERS=synclane does in a deployment's run process.

@@ -28,7 +28,7 @@ from dagster import (
 from synclane.app import SyncLane
 from synclane.dagster.adhoc import backfill_job, requeue_job
 from synclane.dagster.names import Names
-from synclane.dagster.plan import plan_assets
+from synclane.dagster.plan import DUE_ONLY, PLAN_TAG, plan_assets
 from synclane.dagster.resource import SyncLaneResource
 from synclane.dagster.work import work_job, work_schedule
 from synclane.model import MAX_WORK_RUNS, ConfigError, check_whole, to_duration
@@ -107,7 +107,11 @@ def definitions(
         cron_schedule=plan_cron,
         execution_timezone="UTC",
         default_status=DefaultScheduleStatus.RUNNING,
-        description=f"Plans every {plan_period} (the app's plan_interval unless set).",
+        tags={PLAN_TAG: DUE_ONLY},
+        description=(
+            f"Plans what is due every {plan_period} (the app's plan_interval unless set), as a "
+            "worker's planning round does."
+        ),
     )
     return Definitions(
         assets=[assets],

@@ -21,6 +21,11 @@ from synclane.dagster.names import Names
 from synclane.dagster.reports import NO_ABANDONED_JOBS, QueueReport
 from synclane.hosting import through_outage
 
+# A run tagged so (the plan schedule's runs) plans what is due, as a worker's planning round
+# does; a materialization by hand plans everything that is missing.
+PLAN_TAG = "synclane/plan"
+DUE_ONLY = "due"
+
 # What the plan asset records per queue: its materialization, or only its check.
 Recorded = MaterializeResult[None] | AssetCheckResult
 
@@ -71,7 +76,7 @@ def plan_assets(app: SyncLane, names: Names) -> AssetsDefinition:
                 continue
             checked = AssetCheckKey(key, NO_ABANDONED_JOBS) in context.selected_asset_check_keys
             try:
-                added = planned(synclane, queue)
+                added = planned(synclane, queue, context.run.tags.get(PLAN_TAG) == DUE_ONLY)
             except OwnerSourceError as error:
                 # The queue was not planned: no materialization, but the check still tells.
                 context.log.error(str(error))
@@ -99,9 +104,11 @@ def plan_assets(app: SyncLane, names: Names) -> AssetsDefinition:
     return plan
 
 
-def planned(app: SyncLane, queue: str) -> int:
-    """Plan `queue`, through a short database outage; how many jobs it added."""
-    return through_outage(lambda: app.plan(queue)[queue], f"planning queue {queue}")
+def planned(app: SyncLane, queue: str, due_only: bool = False) -> int:
+    """Plan `queue` (with `due_only`, what is due: a planning round), through a short database
+    outage; how many jobs it added."""
+    plan = app.plan_due if due_only else app.plan
+    return through_outage(lambda: plan(queue)[queue], f"planning queue {queue}")
 
 
 def read(app: SyncLane, queue: str) -> QueueReport:

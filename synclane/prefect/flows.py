@@ -158,8 +158,11 @@ def plan(
     queue: str | None = None,
     work_deployment: str | None = None,
     artifacts_every_minutes: float = 10,
+    due_only: bool = False,
 ) -> dict[str, int]:
-    """Plan every queue (or one): add the jobs that should exist and do not. Publishes a
+    """Plan every queue (or one): add the jobs that should exist and do not. With `due_only`
+    (what the served deployment's schedule passes), plan what is due as a worker's planning
+    round does (`app.plan_due()`): its cost follows what is due, not the fleet. Publishes a
     progress table per queue (one row per owner and type) and a markdown summary when the
     progress changed, at most every `artifacts_every_minutes`. With `work_deployment`
     ('synclane-work/<name>'), then starts runs of that deployment until as many work as its
@@ -169,7 +172,8 @@ def plan(
     try:
         queues = check_queues(app, None if queue is None else [queue])
         table = _table_of(app, "a plan run")
-        added = through_outage(lambda: app.plan(queue), "a plan run")
+        planned = app.plan_due if due_only else app.plan
+        added = through_outage(lambda: planned(queue), "a plan run")
         for name, count in added.items():
             logger.info("queue %s: %d new job(s)", name, count)
         _publish_progress(app, table, queues, added, timedelta(minutes=artifacts_every_minutes))

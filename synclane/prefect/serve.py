@@ -96,10 +96,12 @@ def deployments(
         plan.to_deployment(
             name,
             cron=PLAN_CRON,
-            parameters={**app, "work_deployment": f"{work.name}/{name}"},
+            parameters={**app, "work_deployment": f"{work.name}/{name}", "due_only": True},
             concurrency_limit=one_at_a_time(),
             tags=tags,
-            description=about("Plans every queue every minute and keeps the work runs going"),
+            description=about(
+                "Plans what is due in every queue every minute and keeps the work runs going"
+            ),
         ),
         work.to_deployment(
             name,
