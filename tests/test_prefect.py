@@ -581,6 +581,7 @@ def test_the_pool_project_never_uses_a_served_deployments_name() -> None:
         )
     by_flow = {d["entrypoint"].rpartition(":")[2]: d for d in project["deployments"]}
     assert by_flow["plan"]["parameters"]["work_deployment"] == "synclane-work/demo-pool"
+    assert by_flow["plan"]["parameters"]["due_only"] is True  # as the served one
     assert by_flow["plan"]["work_pool"]["work_queue_name"] == "plan"
     assert by_flow["work"]["work_pool"]["work_queue_name"] == "work"
     assert "schedules" not in by_flow["work"]
