@@ -60,7 +60,8 @@ CROSS JOIN unnest(%(types)s::text[], %(windowed)s::boolean[]) AS t (type, window
 -- this period's refresh, and no refresh open; a snapshot neither taken this period nor open).
 -- Each fact is one index lookup, taken only when the ones before did not decide; the rows
 -- themselves are the truth, so a job a user deleted or changed is seen at once. The others are
--- settled: nothing is missing for them, and nothing of theirs leaves the database
+-- settled: nothing is missing for them, and nothing of theirs leaves the database. (The names
+-- go in binary: a fifth of the client's work of the text form.)
 SELECT owner
 FROM (
     SELECT
@@ -116,12 +117,12 @@ FROM (
                 ), false)
             END
         ) AS unsettled
-    FROM unnest(%(owners)s::text[], %(lanes)s::text[]) AS o (owner, lane)
+    FROM unnest(%(owners)b::text[], %(lanes)b::text[]) AS o (owner, lane)
     -- the batch's rows of the owners table, found by primary key (a plain join would read
     -- every owner of the queue for each batch)
     LEFT JOIN (
         SELECT r.owner, r.lane, r.planned FROM {schema}.owners r
-        WHERE r.queue = %(queue)s AND r.owner = ANY (%(owners)s::text[])
+        WHERE r.queue = %(queue)s AND r.owner = ANY (%(owners)b::text[])
     ) AS r ON r.owner = o.owner
 ) AS batch
 WHERE known_lane IS DISTINCT FROM lane OR NOT planned OR cardinality(unsettled) > 0;
