@@ -79,6 +79,43 @@ def plan_steps(
     return count
 
 
+def compare_steps(
+    queue: Queue,
+    owners: list[Owner],
+    types: Sequence[JobType],
+    horizon: timedelta | None,
+    *,
+    whole: bool = True,
+) -> Steps[int]:
+    """`app.plan()`'s batch: one statement compares the owners with the owners table and with
+    their rows (`unsettled_owners`, the test of planning.settled, on the database clock); only
+    the owners it names are registered, read and planned (`plan_steps`). With nothing new that is
+    two short statements and no row sent back."""
+    (clock,) = yield Fetch("database_now", {})
+    marks = [planning.marks(t, clock["now"], horizon) for t in types]
+    rows: list[dict[str, Any]] = yield Fetch(
+        "unsettled_owners",
+        {
+            "queue": queue.name,
+            "owners": [o.id for o in owners],
+            "lanes": [o.lane_key for o in owners],
+            "types": [t.name for t in types],
+            "windowed": [isinstance(t, WindowedType) for t in types],
+            "history_from": [m.history_from for m in marks],
+            "period_from": [m.period_from for m in marks],
+            "period_to": [m.period_to for m in marks],
+            "covered_to": [m.covered_to for m in marks],
+        },
+    )
+    if not rows:
+        return 0
+    by_id = {o.id: o for o in owners}
+    count: int = yield from plan_steps(
+        queue, [by_id[r["owner"]] for r in rows], types, horizon, whole=whole
+    )
+    return count
+
+
 def pass_steps(
     queue: Queue, owners: list[Owner], job_type: JobType, progress: dict[str, Any]
 ) -> Steps[int]:

@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 
 import psycopg
 
-from synclane.batches import BATCH, plan_steps, retrying
+from synclane.batches import BATCH, compare_steps, retrying
 from synclane.connection import Database
 from synclane.errors import OwnerSourceError
 from synclane.model import ConfigError, JobType, Owner, WindowedType, check_name, check_slices
@@ -131,7 +131,7 @@ class Planner:
         added = 0
         while (batch := await asyncio.to_thread(next, batches, None)) is not None:
             if batch:
-                steps = plan_steps(queue, batch, types, horizon, whole=type is None)
+                steps = compare_steps(queue, batch, types, horizon, whole=type is None)
                 added += await run_async(conn, self.database.store, steps, caller=True)
         return added
 
@@ -189,7 +189,7 @@ class Planner:
         conn: psycopg.Connection[Any] | None,
     ) -> int:
         def steps() -> Steps[int]:
-            return plan_steps(queue, batch, types, horizon, whole=whole)
+            return compare_steps(queue, batch, types, horizon, whole=whole)
 
         if conn is not None:
             # The caller's transaction: what PostgreSQL rolls back there is the caller's to retry.

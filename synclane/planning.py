@@ -77,6 +77,46 @@ def missing_jobs(
     return _windowed(job_type, owner, existing, now, horizon or job_type.horizon)
 
 
+@dataclass(frozen=True)
+class Marks:
+    """The instants that tell, for one type at one instant, whether an owner's jobs are complete
+    (`settled`): a cheap test the planner runs in SQL for every owner, so that it reads what
+    exists, and runs `missing_jobs`, only for the owners that fail it."""
+
+    history_from: datetime | None  # windowed: the oldest slice starts here or earlier
+    period_from: datetime  # this period's start
+    period_to: datetime  # the next period's start
+    covered_to: datetime | None  # windowed: coverage ending here or later leaves no refresh
+
+
+def marks(job_type: JobType, now: datetime, horizon: timedelta | None = None) -> Marks:
+    period = period_start(now, job_type.every)
+    if isinstance(job_type, SnapshotType):
+        return Marks(None, period, period + job_type.every, None)
+    limit = midnight(now) - (horizon or job_type.horizon)
+    return Marks(limit, period, period + job_type.every, now + job_type.overlap)
+
+
+def settled(job_type: JobType, existing: Existing, marks: Marks) -> bool:
+    """Whether `missing_jobs` finds nothing for these facts at the instant of `marks` (the SQL
+    statement `unsettled_owners` asks the same of the rows themselves). It may say False where
+    nothing is missing (the planner then reads that owner and finds nothing); never True where
+    something is."""
+    if isinstance(job_type, SnapshotType):
+        if existing.initial_created_at is None:
+            return False
+        last = max(existing.initial_created_at, existing.last_created_at or EPOCH)
+        return existing.open_any or marks.period_from <= last < marks.period_to
+    start, end = existing.oldest_initial_start, existing.coverage_end
+    if start is None or marks.history_from is None or start > marks.history_from:
+        return False
+    if existing.open_recurring or end is None:
+        return True
+    if marks.covered_to is not None and end >= marks.covered_to:
+        return True
+    return existing.coverage_mode == "recurring" and end >= marks.period_from
+
+
 def _job(
     job_type: JobType,
     owner: Owner,

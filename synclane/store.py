@@ -131,7 +131,7 @@ def compact(name: str, text: str) -> str:
     return "\n".join([f"-- synclane: {name}", *lines])
 
 
-_PLACEHOLDER = re.compile(r"%\((\w+)\)s|%%")
+_PLACEHOLDER = re.compile(r"%\((\w+)\)[sb]|%%")
 
 
 def positional(text: str) -> tuple[str, tuple[str, ...]]:

@@ -13,8 +13,10 @@ from psycopg import sql
 from psycopg.rows import dict_row
 from workers import database_now, let_time_pass, wait_until_away_from_a_period_edge
 
+import synclane.batches
 from synclane import ConfigError, Job, Owner, Page, SyncLane
-from synclane.planning import iso, midnight, period_start
+from synclane.planning import Existing, iso, marks, midnight, period_start, settled
+from synclane.store import Store
 
 DAY = timedelta(days=1)
 EVERY = timedelta(minutes=15)
@@ -235,6 +237,150 @@ def test_a_snapshot_is_refreshed_once_per_period_after_its_first_load(app, db, s
     assert app.plan() == {"shops": 1}
     assert app.plan() == {"shops": 0}, "a refresh is open"
     assert [r["mode"] for r in rows(db, schema)] == ["initial", "recurring"]
+
+
+# -- the row is the truth: app.plan() reads the owners whose rows miss something ------------
+
+
+HOUR = timedelta(hours=1)
+
+
+def owners_read(monkeypatch: pytest.MonkeyPatch) -> list[set[str]]:
+    """The owners each planning transaction reads (`plan_read`), one set per batch."""
+    reads: list[set[str]] = []
+    read_and_insert = synclane.batches.read_and_insert
+
+    def spy(queue, owners, types, horizon):  # type: ignore[no-untyped-def]
+        reads.append({o.id for o in owners})
+        return read_and_insert(queue, owners, types, horizon)
+
+    monkeypatch.setattr(synclane.batches, "read_and_insert", spy)
+    return reads
+
+
+def facts(db: psycopg.Connection, schema: str, owners: list[str]) -> dict[tuple[str, str], tuple]:
+    """What the planner's read says per owner and type, and the database clock."""
+    store = Store(schema)
+    params = {
+        "queue": "shops",
+        "owners": owners,
+        "types": ["orders", "products"],
+        "windowed": [True, False],
+    }
+    with db.cursor(row_factory=dict_row) as cur:
+        found = cur.execute(store.query("plan_read"), params).fetchall()
+    fields = Existing.__dataclass_fields__
+    return {
+        (r["owner"], r["type"]): (Existing(**{k: r[k] for k in fields}), r["now"]) for r in found
+    }
+
+
+def test_jobs_a_user_deleted_are_planned_again_by_the_next_plan(app, db, schema):
+    wait_until_away_from_a_period_edge(db, EVERY)
+    windowed_app(app, [Owner("acme")])
+    app.plan()
+    before = {(r["dedup_key"], r["window_start"]) for r in rows(db, schema)}
+    oldest, refresh = "initial:" + iso(midnight(database_now(db)) - 60 * DAY), "recurring:%"
+    db.execute(
+        sql.SQL("DELETE FROM {} WHERE dedup_key = %s OR dedup_key LIKE %s").format(
+            jobs_table(schema)
+        ),
+        [oldest, refresh],
+    )
+
+    assert app.plan() == {"shops": 2}
+    assert {(r["dedup_key"], r["window_start"]) for r in rows(db, schema)} == before
+    assert app.plan() == {"shops": 0}
+
+
+def test_a_plan_reads_only_the_owners_whose_rows_miss_something_and_plans_them(
+    app, db, schema, monkeypatch
+):
+    """Each owner below has its rows changed by hand the way a user fixes jobs with SQL; the
+    next plan reads exactly the owners whose rows fail planning.settled, and plans for them what
+    a full comparison plans."""
+    wait_until_away_from_a_period_edge(db, EVERY)
+    names = ["untouched", "refresh-deleted", "oldest-deleted", "refresh-moved-back"]
+    names += ["blocked", "snapshot-deleted", "snapshot-old", "snapshot-open"]
+    shops = windowed_app(app, [Owner(n) for n in names]).catalog.get("shops")
+    shops.snapshot("products", every=HOUR)(lambda job: Page(None))
+    reads = owners_read(monkeypatch)
+    assert app.plan() == {"shops": 4 * len(names)}
+    set_rows(db, schema, "status = 'completed'", "TRUE")
+    assert app.plan() == {"shops": 0}
+
+    today = midnight(database_now(db))
+    # A refresh of the period before: it ended before this period began.
+    back = database_now(db) - 20 * timedelta(minutes=1)
+    earlier = f"recurring:{iso(period_start(back, EVERY))}"
+    two_hours_ago = database_now(db) - 2 * HOUR
+    changes = [
+        ("DELETE FROM {} WHERE owner = 'refresh-deleted' AND mode = 'recurring'", []),
+        ("DELETE FROM {} WHERE owner = 'oldest-deleted' AND window_start = %s", [today - 60 * DAY]),
+        (
+            "UPDATE {} SET window_start = %s, window_end = %s, dedup_key = %s "
+            "WHERE owner = 'refresh-moved-back' AND mode = 'recurring'",
+            [back - HOUR, back, earlier],
+        ),
+        (
+            "UPDATE {} SET window_start = %s, window_end = %s, dedup_key = %s, "
+            "status = 'pending' WHERE owner = 'blocked' AND mode = 'recurring'",
+            [back - HOUR, back, earlier],
+        ),
+        ("DELETE FROM {} WHERE owner = 'snapshot-deleted' AND type = 'products'", []),
+        (
+            "UPDATE {} SET created_at = %s WHERE owner = 'snapshot-old' AND type = 'products'",
+            [two_hours_ago],
+        ),
+        (
+            "UPDATE {} SET created_at = %s, status = 'failed' "
+            "WHERE owner = 'snapshot-open' AND type = 'products'",
+            [two_hours_ago],
+        ),
+    ]
+    for statement, params in changes:
+        db.execute(sql.SQL(statement).format(jobs_table(schema)), params)
+    found = facts(db, schema, names)
+    unsettled = {
+        owner
+        for (owner, name), (existing, now) in found.items()
+        if not settled(shops.job_type(name), existing, marks(shops.job_type(name), now))
+    }
+    assert unsettled == {
+        "refresh-deleted",
+        "oldest-deleted",
+        "refresh-moved-back",
+        "snapshot-deleted",
+        "snapshot-old",
+    }
+
+    reads.clear()
+    assert app.plan() == {"shops": 5}  # nothing for "blocked": its refresh is open
+    assert set().union(*reads) == unsettled
+    [moved_on] = rows(db, schema, "owner = 'refresh-moved-back' AND status = 'pending'")
+    assert moved_on["window_start"] == max(back, today) - OVERLAP
+
+    # Once the open refresh closes, the next plan adds the one it held back.
+    set_rows(db, schema, "status = 'completed'", "owner = 'blocked'")
+    reads.clear()
+    assert app.plan() == {"shops": 1}
+    assert set().union(*reads) == {"blocked"}
+    reads.clear()
+    assert app.plan() == {"shops": 0}
+    assert reads == [], "with nothing new no owner is read"
+
+
+def test_owners_deleted_from_the_owners_table_are_registered_again_with_nothing_added(
+    app, db, schema
+):
+    windowed_app(app, [Owner("acme-us", lane="acme"), Owner("globex")])
+    app.plan()
+    owners = sql.Identifier(schema, "owners")
+    db.execute(sql.SQL("DELETE FROM {}").format(owners))
+
+    assert app.plan() == {"shops": 0}
+    known = db.execute(sql.SQL("SELECT owner, lane, planned FROM {} ORDER BY owner").format(owners))
+    assert known.fetchall() == [("acme-us", "acme", True), ("globex", "globex", True)]
 
 
 # -- which owners -------------------------------------------------------------------------------

@@ -23,9 +23,11 @@ from synclane.planning import (
     Existing,
     NewJob,
     iso,
+    marks,
     midnight,
     missing_jobs,
     period_start,
+    settled,
 )
 
 OPEN = ("pending", "running", "failed")  # what the planner's read counts as open
@@ -134,6 +136,8 @@ class Table:
         existing = self.existing(owner, job_type)
         keys_before = {r.job.dedup_key for r in self.of(owner, job_type)}
         proposed = missing_jobs(job_type, owner, existing, now, horizon)
+        if settled(job_type, existing, marks(job_type, now, horizon)):
+            assert not proposed, "app.plan() skips a settled owner: nothing may be missing"
         return Plan(now, existing, proposed, self.insert(proposed, now), keys_before)
 
     def finish(self, owner: Owner, job_type: JobType, status: str = "completed") -> None:
@@ -397,6 +401,57 @@ def test_snapshot_gets_one_initial_then_one_refresh_per_later_period_when_idle(s
             if r.job.mode == "recurring":
                 period = period_start(r.created_at, job_type.every)
                 assert r.job.dedup_key == f"recurring:{iso(period)}"
+
+
+# -- property tests: the settled test app.plan() runs in SQL ---------------------------------------
+
+instants = st.integers(-3 * 24 * 60, 3 * 24 * 60).map(lambda m: NOW + m * MINUTE)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.sampled_from([ORDERS, replace(ORDERS, every=timedelta(days=1)), PRODUCTS]),
+    st.builds(
+        Existing,
+        oldest_initial_start=st.one_of(
+            st.none(), instants, st.just(midnight(NOW) - ORDERS.horizon)
+        ),
+        coverage_end=st.one_of(st.none(), instants, st.just(NOW)),
+        coverage_mode=st.sampled_from([None, "initial", "recurring", "manual"]),
+        initial_created_at=st.one_of(st.none(), instants),
+        last_created_at=st.one_of(st.none(), instants),
+        open_recurring=st.booleans(),
+        open_any=st.booleans(),
+    ),
+    st.one_of(st.none(), st.integers(1, 90).map(lambda d: timedelta(days=d))),
+    st.integers(0, 24 * 60).map(lambda m: NOW + m * MINUTE),
+)
+def test_a_settled_owner_has_nothing_missing_whatever_its_rows_say(
+    job_type: JobType, existing: Existing, horizon: timedelta | None, now: datetime
+) -> None:
+    """app.plan() reads an owner only when its rows fail `settled` (sql/planning.sql,
+    unsettled_owners): any facts that pass must be facts for which the rule adds nothing."""
+    if settled(job_type, existing, marks(job_type, now, horizon)):
+        assert missing_jobs(job_type, ACME, existing, now, horizon) == []
+
+
+def test_a_planned_owner_is_settled_until_its_next_period_and_unsettled_by_a_lost_row() -> None:
+    table = Table()
+    table.plan(ORDERS, ACME, NOW)
+    table.plan(PRODUCTS, ACME, NOW)
+    for job_type in (ORDERS, PRODUCTS):
+        assert settled(job_type, table.existing(ACME, job_type), marks(job_type, NOW))
+    later = NOW + ORDERS.every
+    # Its refresh is open: nothing more is planned until that one is done.
+    assert settled(ORDERS, table.existing(ACME, ORDERS), marks(ORDERS, later))
+    table.finish(ACME, ORDERS)
+    assert not settled(ORDERS, table.existing(ACME, ORDERS), marks(ORDERS, later))
+    table.plan(ORDERS, ACME, later)
+    assert settled(ORDERS, table.existing(ACME, ORDERS), marks(ORDERS, later))
+    # A user deletes the oldest history slice: the owner is read again.
+    oldest = initial_slices(table.of(ACME, ORDERS))[0]
+    table.rows.remove(oldest)
+    assert not settled(ORDERS, table.existing(ACME, ORDERS), marks(ORDERS, later))
 
 
 # -- examples: the windowed rule -----------------------------------------------------------------

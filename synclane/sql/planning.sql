@@ -53,6 +53,80 @@ FROM unnest(%(owners)s::text[]) AS o (owner)
 LEFT JOIN {schema}.owners r ON r.queue = %(queue)s AND r.owner = o.owner
 CROSS JOIN unnest(%(types)s::text[], %(windowed)s::boolean[]) AS t (type, windowed);
 
+-- name: unsettled_owners
+-- the owners of a batch that explicit planning must read: those the owners table does not know,
+-- knows in another lane or has not planned, and those with a type whose rows fail the test of
+-- synclane.planning.settled (oldest slice not back to the limit; coverage neither current nor
+-- this period's refresh, and no refresh open; a snapshot neither taken this period nor open).
+-- Each fact is one index lookup, taken only when the ones before did not decide; the rows
+-- themselves are the truth, so a job a user deleted or changed is seen at once. The others are
+-- settled: nothing is missing for them, and nothing of theirs leaves the database. (The names
+-- go in binary: a fifth of the client's work of the text form.)
+SELECT owner
+FROM (
+    SELECT
+        o.owner,
+        o.lane,
+        r.lane AS known_lane,
+        r.planned,
+        ARRAY(
+            SELECT t.type
+            FROM unnest(
+                %(types)s::text[], %(windowed)s::boolean[], %(history_from)s::timestamptz[],
+                %(period_from)s::timestamptz[], %(period_to)s::timestamptz[],
+                %(covered_to)s::timestamptz[]
+            ) AS t (type, windowed, history_from, period_from, period_to, covered_to)
+            WHERE NOT CASE
+                WHEN t.windowed THEN CASE
+                    WHEN NOT coalesce((
+                        SELECT j.window_start <= t.history_from FROM {schema}.jobs j
+                        WHERE j.queue = %(queue)s AND j.owner = o.owner AND j.type = t.type
+                          AND j.mode = 'initial' AND j.window_end IS NOT NULL
+                        ORDER BY j.window_end LIMIT 1
+                    ), false) THEN false
+                    WHEN coalesce((
+                        SELECT j.window_end >= t.covered_to
+                               OR (j.mode = 'recurring' AND j.window_end >= t.period_from)
+                        FROM {schema}.jobs j
+                        WHERE j.queue = %(queue)s AND j.owner = o.owner AND j.type = t.type
+                          AND j.window_end IS NOT NULL
+                        ORDER BY j.window_end DESC LIMIT 1
+                    ), false) THEN true
+                    ELSE EXISTS (
+                        SELECT FROM {schema}.jobs j
+                        WHERE j.queue = %(queue)s AND j.owner = o.owner AND j.type = t.type
+                          AND j.mode = 'recurring' AND j.status IN ('pending', 'running', 'failed')
+                    )
+                END
+                ELSE coalesce((
+                    SELECT (s.last >= t.period_from AND s.last < t.period_to) OR EXISTS (
+                        SELECT FROM {schema}.jobs j
+                        WHERE j.queue = %(queue)s AND j.owner = o.owner AND j.type = t.type
+                          AND j.status IN ('pending', 'running', 'failed')
+                    )
+                    FROM (
+                        SELECT greatest(i.created_at, (
+                            SELECT max(j.created_at) FROM {schema}.jobs j
+                            WHERE j.queue = %(queue)s AND j.owner = o.owner AND j.type = t.type
+                              AND j.window_end IS NULL
+                        )) AS last
+                        FROM {schema}.jobs i
+                        WHERE i.queue = %(queue)s AND i.owner = o.owner AND i.type = t.type
+                          AND i.dedup_key = 'initial'
+                    ) AS s
+                ), false)
+            END
+        ) AS unsettled
+    FROM unnest(%(owners)b::text[], %(lanes)b::text[]) AS o (owner, lane)
+    -- the batch's rows of the owners table, found by primary key (a plain join would read
+    -- every owner of the queue for each batch)
+    LEFT JOIN (
+        SELECT r.owner, r.lane, r.planned FROM {schema}.owners r
+        WHERE r.queue = %(queue)s AND r.owner = ANY (%(owners)b::text[])
+    ) AS r ON r.owner = o.owner
+) AS batch
+WHERE known_lane IS DISTINCT FROM lane OR NOT planned OR cardinality(unsettled) > 0;
+
 -- name: database_now
 -- the database clock, the one clock every process shares
 SELECT now() AS now;
