@@ -713,6 +713,42 @@ def test_a_cancelled_page_longer_than_its_lease_holds_its_lane_until_it_stops(
     assert worker.report["lost"] == 1
 
 
+def test_the_refused_heartbeat_itself_holds_the_lane_of_a_cancelled_page(
+    app: SyncLane, db: psycopg.Connection[Any], schema: str
+) -> None:
+    """No gap between the refusal and the hold: the heartbeat that finds its job cancelled
+    renews the lease in the same statement. (Holding only a beat later left the lease with a
+    third of its length, less on a loaded machine, and CI saw the lane taken beside the page.)"""
+    queue = app.queue("q", lease_duration=3)
+    left: list[float] = []
+
+    @queue.snapshot("products", every=DAY)
+    def products(job: Job) -> Page:
+        time.sleep(2.5)
+        return Page(None, 1)
+
+    def at_the_loss(event: Any) -> None:
+        if event.kind == "lease_lost":
+            with psycopg.connect(app.dsn, autocommit=True) as conn:
+                row = conn.execute(
+                    sql.SQL(
+                        "SELECT extract(epoch FROM lease_expires_at - clock_timestamp())"
+                        " FROM {}.jobs WHERE id = %s"
+                    ).format(sql.Identifier(schema)),
+                    (job_id,),
+                ).fetchone()
+            left.append(float(row[0]) if row and row[0] is not None else -1.0)
+
+    job_id = app.enqueue("q", "acme", "products", lane="acme")
+    with running_worker(app, on_event=at_the_loss):
+        wait_for(lambda: job_row(db, schema, job_id)["status"] == "running", 10, "the page")
+        assert app.cancel("q", "acme", "disconnected by mistake") == 1
+        wait_for(lambda: bool(left), 10, "the lease lost")
+        wait_for(lambda: job_row(db, schema, job_id)["lease_token"] is None, 10, "the release")
+    # renewed at the refusal: nearly the whole lease (3 s) is left, not what the last beat left
+    assert left[0] > 2.5, left
+
+
 # -- values at the edges -------------------------------------------------------------------
 
 

@@ -430,12 +430,17 @@ ORDER BY g.number;
 
 -- name: heartbeats
 -- renews the leases of the slots of one worker whose pages are slow, in one statement, each
--- under its own guard; returns the ids renewed (a missing id lost its lease)
+-- under its own guard; returns the ids still running (a missing id lost its lease). A job that
+-- stopped running under its lease (cancelled, maybe requeued since) has its lease renewed all the
+-- same, and is not returned: the page is still in flight, so its lane stays held from the very
+-- statement that finds it lost (hold_lease takes over from there) and never on what the last beat
+-- left of the lease
 UPDATE {schema}.jobs j
-SET heartbeat_at = now(), lease_expires_at = clock_timestamp() + %(lease)s
+SET heartbeat_at = CASE WHEN j.status = 'running' THEN now() ELSE j.heartbeat_at END,
+    lease_expires_at = clock_timestamp() + %(lease)s
 FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS g (id, token)
-WHERE j.id = g.id AND j.lease_token = g.token AND j.status = 'running'
-RETURNING j.id;
+WHERE j.id = g.id AND j.lease_token = g.token
+RETURNING j.id, j.status = 'running' AS running;
 
 -- name: complete_job
 -- the last page: counts it and marks the job completed, under the lease guard; sent again after a

@@ -211,7 +211,7 @@ class PageWrites:
             cur = await conn.execute(
                 self.writer.store.query("heartbeats"), params, prepare=self.writer.prepare
             )
-            return {row[0] for row in await cur.fetchall()}
+            return {job_id for job_id, running in await cur.fetchall() if running}
 
         renewed = await self.writer.run("heartbeats", statement, self._patience)
         return [job_id in renewed for job_id, _ in jobs]
