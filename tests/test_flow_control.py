@@ -15,7 +15,7 @@ import psycopg
 import pytest
 from psycopg import sql
 from worker_proc import build, create_runs
-from workers import count, job_row, race_a_rival, wait_for, worker_processes
+from workers import count, index_definitions, job_row, race_a_rival, wait_for, worker_processes
 
 from synclane import ConfigError, Page, SyncLane
 from synclane.model import Rate
@@ -443,8 +443,4 @@ def test_a_version_2_running_lane_index_is_replaced_by_the_slotted_one(
     )
     upgraded = SyncLane(dsn, schema=schema)
     upgraded.close()
-    row = db.execute(
-        "SELECT indexdef FROM pg_indexes WHERE schemaname = %s AND indexname = 'jobs_running_lane'",
-        [schema],
-    ).fetchone()
-    assert row is not None and "(queue, lane, lane_slot)" in row[0]
+    assert "(queue, lane, lane_slot)" in index_definitions(db, schema)["jobs_running_lane"]

@@ -11,7 +11,7 @@ import psycopg
 import pytest
 from apps import products_queue
 from psycopg import errors, sql
-from workers import operations_sql
+from workers import index_definitions, operations_sql
 
 from synclane import Job, Owner, Page, SchemaError, SyncLane
 from synclane.store import QUERIES, SCHEMA_VERSION, Store, compact, positional, schema_ddl
@@ -290,12 +290,11 @@ def test_eight_processes_starting_at_once_all_succeed(dsn, db, schema):
 
 
 def test_the_two_unique_indexes_exist(app, db, schema):
-    rows = db.execute(
-        "SELECT indexdef FROM pg_indexes WHERE schemaname = %s AND tablename = 'jobs' "
-        "AND indexdef LIKE 'CREATE UNIQUE INDEX%%'",
-        [schema],
-    ).fetchall()
-    definitions = sorted(row[0].split(" USING btree ")[1] for row in rows)
+    definitions = sorted(
+        definition.split(" USING btree ")[1]
+        for definition in index_definitions(db, schema).values()
+        if definition.startswith("CREATE UNIQUE INDEX")
+    )
     assert definitions == [
         "(id)",  # the primary key
         # a running job holds a slot of its lane (one slot, 0, in a lane one wide) ...

@@ -98,6 +98,19 @@ def job_row(db: psycopg.Connection[Any], schema: str, job_id: int) -> dict[str, 
     return row
 
 
+def index_definitions(db: psycopg.Connection[Any], schema: str) -> dict[str, str]:
+    """The jobs table's indexes, name -> definition. Read from pg_index by the table's oid, so
+    that only its own indexes are rendered: pg_indexes renders every index's definition before
+    it filters by schema, and one of a table that another test is dropping fails with "could not
+    open relation with OID"."""
+    rows = db.execute(
+        "SELECT i.relname, pg_get_indexdef(x.indexrelid) FROM pg_index x "
+        "JOIN pg_class i ON i.oid = x.indexrelid WHERE x.indrelid = %s::regclass",
+        [f"{sql.Identifier(schema).as_string(db)}.jobs"],
+    ).fetchall()
+    return {name: definition for name, definition in rows}
+
+
 def count(db: psycopg.Connection[Any], query: str, schema: str, *params: Any) -> int:
     """Run a query whose {jobs} and {runs} name the schema's tables; returns its first value."""
     statement = sql.SQL(query).format(
