@@ -11,13 +11,16 @@ docs/operations.md).
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 from command_line import Run, run_in_process
 from roles import documented_roles
+from servers import remove_unless_running
 
 from synclane import SyncLane
 
@@ -26,6 +29,18 @@ def pytest_configure(config: pytest.Config) -> None:
     plugins = config.pluginmanager
     if not (plugins.has_plugin("synclane") or plugins.has_plugin("synclane.testing_plugin")):
         plugins.import_plugin("synclane.testing_plugin")
+
+
+@pytest.fixture
+def server_dir() -> Iterator[Path]:
+    """A directory for an embedded PostgreSQL's data, outside pytest's temporary directories.
+    Run as root, the wheel runs PostgreSQL as a user of its own and opens the folders above
+    the data to it; every pytest session that starts (an xdist worker, a test's own inner run)
+    closes /tmp/pytest-of-root again (mode 0700), and an initdb there then failed with
+    "Permission denied"."""
+    directory = Path(tempfile.mkdtemp(prefix="synclane-test-server-"))
+    yield directory
+    remove_unless_running(directory)
 
 
 @pytest.fixture

@@ -3,7 +3,10 @@ that the machine's shared server must never see."""
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
+import time
 from pathlib import Path
 
 
@@ -46,3 +49,24 @@ class EmbeddedServer:
         # The wheel would try to stop it again at exit, and complain: it is stopped already.
         self._server.cleanup_mode = None
         self._server.cleanup()
+
+
+def remove_unless_running(directory: Path, patience: float = 15.0) -> None:
+    """Removes a test's server directory once no server runs in it: a watchdog stops a server
+    when its last user ends, a moment after the test. One still running after `patience` is left
+    where it is (removing its files under it would crash it)."""
+    deadline = time.monotonic() + patience
+    while any(_running(pid_file) for pid_file in directory.rglob("postmaster.pid")):
+        if time.monotonic() > deadline:
+            return
+        time.sleep(0.2)
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+def _running(pid_file: Path) -> bool:
+    """Whether the postmaster a pid file names is alive (a crashed one leaves its file)."""
+    try:
+        os.kill(int(pid_file.read_text().split("\n", 1)[0]), 0)
+    except (OSError, ValueError):
+        return False
+    return True

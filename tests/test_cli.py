@@ -333,7 +333,7 @@ def test_log_lines_stay_above_the_progress_bar_on_a_terminal(dsn: str, schema: s
     assert not any("jobs done" in line and " INFO " in line for line in lines), lines
 
 
-def test_no_warning_text_on_the_embedded_database(tmp_path: Path) -> None:
+def test_no_warning_text_on_the_embedded_database(tmp_path: Path, server_dir: Path) -> None:
     """With nothing configured (no DSN, no XDG_RUNTIME_DIR, as in a container or over ssh), the
     demo and a command on the embedded PostgreSQL print no warning: platformdirs' runtime-dir
     warning is silenced where pgserver imports it, nothing else is."""
@@ -342,7 +342,7 @@ def test_no_warning_text_on_the_embedded_database(tmp_path: Path) -> None:
         for k, v in os.environ.items()
         if k not in ("SYNCLANE_DSN", "XDG_RUNTIME_DIR", "SYNCLANE_APP", "PYTHONWARNINGS")
     }
-    env["SYNCLANE_DATA_DIR"] = str(tmp_path / "data")
+    env["SYNCLANE_DATA_DIR"] = str(server_dir / "data")
     for words in (
         ["--schema", "cli", "demo", "--no-page", "--speed", "0.05", "--for", "3"],
         ["--schema", "cli", "--app", "synclane.demo.app:app", "failures"],

@@ -12,11 +12,14 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
 import pytest
+from servers import remove_unless_running
 
 from synclane.embedded import embedded_dsn, stop
 
@@ -31,12 +34,15 @@ USER = (
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One data folder for the module's lifecycle cases (initdb once), stopped between them."""
-    folder = tmp_path_factory.mktemp("embedded") / "pg"
+def data() -> Iterator[Path]:
+    """One data folder for the module's lifecycle cases (initdb once), stopped between them
+    (outside pytest's temporary directories: see the fixture server_dir)."""
+    directory = Path(tempfile.mkdtemp(prefix="synclane-test-embedded-"))
+    folder = directory / "pg"
     embedded_dsn(folder)
     stop(folder)
-    return folder
+    yield folder
+    remove_unless_running(directory)
 
 
 def _running(folder: Path) -> bool:
@@ -124,15 +130,15 @@ def test_two_processes_share_one_data_folder_and_the_last_to_go_stops_it(data: P
     [("dashboard", "SIGTERM"), ("dashboard", "SIGHUP"), ("work", "SIGHUP")],
 )
 def test_a_long_running_command_stops_the_server_on_sigterm_and_sighup(
-    tmp_path: Path, command: str, how: str
+    server_dir: Path, command: str, how: str
 ) -> None:
     """As `demo` and `work` do on SIGTERM: the command cleans up, exits 0 and stops the server
     (`dashboard` died at once with 143 and left it running, its pid in the list)."""
-    env = _embedded_env(tmp_path)
+    env = _embedded_env(server_dir)
     app = ["--app", "synclane.demo.app:app"]
     migrate = _cli(*app, "migrate", env=env)
     assert migrate.wait(120) == 0, migrate.communicate()[1]
-    folder = tmp_path / "pgdata"
+    folder = server_dir / "pgdata"
     assert not _running(folder)
     words = [*app, "dashboard", "--port", "0"] if command == "dashboard" else [*app, "work"]
     process = _cli(*words, env=env)
@@ -155,12 +161,12 @@ def _wait_for_server(folder: Path) -> None:
         time.sleep(0.1)
 
 
-def test_a_failed_start_is_the_database_s_failure_not_the_app_module_s(tmp_path: Path) -> None:
+def test_a_failed_start_is_the_database_s_failure_not_the_app_module_s(server_dir: Path) -> None:
     """A postmaster.pid read half-written (here: left so by a process that died while writing
     it) made the wheel raise AssertionError while the app module was imported, which read as
     "the app module 'example' raised AssertionError"."""
-    env = _embedded_env(tmp_path)
-    folder = tmp_path / "pgdata"
+    env = _embedded_env(server_dir)
+    folder = server_dir / "pgdata"
     embedded_dsn(folder)
     stop(folder)
     (folder / "postmaster.pid").write_text(f"{os.getpid()}\n{folder}\n")  # a live pid, 2 lines
@@ -172,6 +178,7 @@ def test_a_failed_start_is_the_database_s_failure_not_the_app_module_s(tmp_path:
         cwd=HERE,
         timeout=120,
     )
+    (folder / "postmaster.pid").unlink()  # this process's pid: the folder is free again
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 2, done.stderr
     assert len(lines) == 1, done.stderr
@@ -182,12 +189,12 @@ def test_a_failed_start_is_the_database_s_failure_not_the_app_module_s(tmp_path:
     assert "app module" not in lines[0]
 
 
-def test_a_crash_of_the_embedded_server_is_one_line_naming_it_and_its_log(tmp_path: Path) -> None:
+def test_a_crash_of_the_embedded_server_is_one_line_naming_it_and_its_log(server_dir: Path) -> None:
     """A worker on the embedded server whose backend dies of SIGSEGV says, once, that the
     embedded PostgreSQL crashed, what its log says and where the log is."""
-    env = _embedded_env(tmp_path)
+    env = _embedded_env(server_dir)
     env["SYNCLANE_CLI_TEST_SCHEMA"] = "crash"
-    folder = tmp_path / "pgdata"
+    folder = server_dir / "pgdata"
     app = ["--app", "cli_app:app"]
     process = _cli(*app, "work", "--for", "8", env=env)
     try:
@@ -210,11 +217,11 @@ def test_a_crash_of_the_embedded_server_is_one_line_naming_it_and_its_log(tmp_pa
     assert f"its log: {folder / 'log'}" in said[0]
 
 
-def test_pgserver_s_16_data_is_refused_with_the_command_that_moves_it(tmp_path: Path) -> None:
+def test_pgserver_s_16_data_is_refused_with_the_command_that_moves_it(server_dir: Path) -> None:
     """A data folder of the PostgreSQL 16 synclane used before (pgserver's) is refused in one
     line naming `python -m synclane.embedded upgrade`; that command moves the data to 18 and
     keeps the old folder beside it."""
-    folder = tmp_path / "pgdata"
+    folder = server_dir / "pgdata"
     old = (
         "import sys, pgserver, psycopg; s = pgserver.get_server(sys.argv[1]); "
         "c = psycopg.connect(s.get_uri(), autocommit=True); "
@@ -226,7 +233,7 @@ def test_pgserver_s_16_data_is_refused_with_the_command_that_moves_it(tmp_path: 
         [sys.executable, "-m", "synclane.cli", "--app", "synclane.demo.app:app", "jobs"],
         capture_output=True,
         text=True,
-        env=_embedded_env(tmp_path),
+        env=_embedded_env(server_dir),
         cwd=HERE,
         timeout=120,
     )
@@ -242,7 +249,7 @@ def test_pgserver_s_16_data_is_refused_with_the_command_that_moves_it(tmp_path: 
     )
     assert moved.returncode == 0, moved.stderr
     assert (folder / "PG_VERSION").read_text().strip() == "18"
-    assert (tmp_path / "pgdata-16" / "PG_VERSION").read_text().strip() == "16"
+    assert (server_dir / "pgdata-16" / "PG_VERSION").read_text().strip() == "16"
     try:
         with psycopg.connect(embedded_dsn(folder), autocommit=True) as conn:
             assert conn.execute("SELECT n FROM kept").fetchall() == [(42,)]

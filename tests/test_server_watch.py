@@ -23,12 +23,15 @@ from pathlib import Path
 def test_a_healthy_server_passes(db):
     assert db.execute("SELECT 1").fetchone() == (1,)
 
-def test_a_private_server_of_its_own_restarting_is_no_crash(db, tmp_path):
+def test_a_private_server_of_its_own_restarting_is_no_crash(db):
+    import shutil, tempfile
     from synclane.embedded import embedded_dsn, stop
     import psycopg
-    with psycopg.connect(embedded_dsn(tmp_path / "own"), autocommit=True) as conn:
+    own = Path(tempfile.mkdtemp(prefix="synclane-test-own-")) / "own"
+    with psycopg.connect(embedded_dsn(own), autocommit=True) as conn:
         conn.execute("SELECT 1")
-    stop(tmp_path / "own")
+    stop(own)
+    shutil.rmtree(own.parent, ignore_errors=True)
 
 def test_a_backend_killed_by_SIGNAL(db):
     victim = db.execute("SELECT pg_backend_pid()").fetchone()[0]
@@ -61,11 +64,11 @@ def _inner_run(tmp_path: Path, signal_name: str, env: dict[str, str]) -> str:
 
 @pytest.mark.processes
 def test_a_server_crash_under_a_test_fails_that_test_on_a_server_given_by_dsn(
-    tmp_path: Path,
+    tmp_path: Path, server_dir: Path
 ) -> None:
     """$SYNCLANE_TEST_DSN names the server (here a private one, never the shared one): the test
     that ran when it crashed errors; the tests before and after pass."""
-    data = tmp_path / "server"
+    data = server_dir / "server"
     private = embedded_dsn(data)
     try:
         env = {**os.environ, "SYNCLANE_TEST_DSN": private}
