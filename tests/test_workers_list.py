@@ -210,6 +210,43 @@ def test_two_live_workers_never_share_a_name(
         second.close()
 
 
+def test_a_renamed_worker_says_its_new_name_as_soon_as_it_is_listed_under_it(
+    dsn: str, schema: str, gate: threading.Event
+) -> None:
+    """`Worker.name` is the name of its registration, not a copy made once the start-up is over:
+    the moment the second 'etl' is listed as 'etl#2' (here: when it warns about the name, which
+    comes after that registration has committed), its `name` says so. (CI read 'etl' from it
+    while the list already showed 'etl#2'.)"""
+    first = _waiting_app(dsn, schema, gate, worker_name="etl")
+    second = _waiting_app(dsn, schema, gate, worker_name="etl")
+    one, two = first.worker(), second.worker()
+    seen: list[str] = []
+
+    class AtTheWarning(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "is held by a live worker" in record.getMessage():
+                seen.append(two.name)
+
+    handler = AtTheWarning()
+    logging.getLogger("synclane").addHandler(handler)
+    threads = [threading.Thread(target=worker.run, daemon=True) for worker in (one, two)]
+    try:
+        threads[0].start()
+        _listed(first, 1)
+        threads[1].start()
+        wait_for(lambda: seen, timeout=15, what="the second worker to warn about its name")
+        assert seen == ["etl#2"]
+    finally:
+        logging.getLogger("synclane").removeHandler(handler)
+        gate.set()
+        for worker, thread in zip((one, two), threads, strict=True):
+            worker.stop()
+            if thread.ident is not None:  # started
+                thread.join(timeout=30)
+        first.close()
+        second.close()
+
+
 def test_the_name_of_a_worker_that_died_is_taken_over_at_once(
     dsn: str, schema: str, db: psycopg.Connection[Any], gate: threading.Event
 ) -> None:

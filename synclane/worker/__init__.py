@@ -104,7 +104,6 @@ class Worker:
             raise ConfigError("no queue to work: declare one with app.queue(...)")
         for queue in self.queues:
             queue.check_handlers()
-        self.name = name
         self.wanted_name = name  # the name asked for; `name` is the one it runs as
         self.poll_interval = poll_interval
         self.plan_interval = plan_interval
@@ -129,6 +128,13 @@ class Worker:
         self._presence: Presence | None = None
         self._crew: Crew | None = None
         self._broken_listeners: set[int] = set()
+
+    @property
+    def name(self) -> str:
+        """The name it runs as, the one its jobs' leased_by and the workers list show: the name
+        asked for, or `name#2` … when a live worker holds it. Read from the registration itself,
+        so it is never behind the list."""
+        return self.wanted_name if self._presence is None else self._presence.name
 
     # -- life cycle ------------------------------------------------------------------------
 
@@ -180,7 +186,6 @@ class Worker:
             poll_interval=self.poll_interval.total_seconds(),
         )
         await presence.start()
-        self.name = presence.name
         pool = self.database.worker_pool(slots + 2, wait=CONNECTION_WAIT)
         try:
             await pool.open()
