@@ -14,7 +14,7 @@ import psycopg
 
 from synclane import planning
 from synclane.batches import retrying
-from synclane.connection import RECONNECT_DELAYS, Database
+from synclane.connection import RECONNECT_DELAYS, Database, lost_connection
 from synclane.queues import Queue
 from synclane.steps import limit_idle_transaction
 
@@ -83,9 +83,9 @@ def _batch(
                 partial(_transaction, conn, database.store.query("prune_owners"), params, answered)
             )
             return len(answered[0]), conn
-        except psycopg.OperationalError:
-            if delay is None:
-                raise
+        except psycopg.OperationalError as error:
+            if delay is None or not lost_connection(error):
+                raise  # the server answered (a statement timeout, say): the batch rolled back
             conn.close()
             time.sleep(delay)
             conn = database.connect()

@@ -145,6 +145,31 @@ def test_a_prune_waits_for_no_lock_and_leaves_locked_rows(
     pd.testing.assert_frame_equal(spans(app), coverage)
 
 
+def test_a_prune_the_server_refuses_is_raised_at_once_not_sent_again(
+    app: SyncLane, db: psycopg.Connection[Any], schema: str
+) -> None:
+    """An error the server answered with (here a statement timeout, raised by a trigger the
+    test puts on the table) rolled the batch back: it is raised at once, as enqueue and requeue
+    raise it. Only a lost connection sends a batch again (tests/test_lost_answers.py)."""
+    declare(app)
+    two_days_of_refreshes(app, db, schema)
+    db.execute(
+        sql.SQL(
+            "CREATE FUNCTION {schema}.refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+            "RAISE EXCEPTION 'canceling statement due to statement timeout' "
+            "USING ERRCODE = 'query_canceled'; END $$; "
+            "CREATE TRIGGER refuse BEFORE DELETE ON {schema}.jobs "
+            "FOR EACH STATEMENT EXECUTE FUNCTION {schema}.refuse()"
+        ).format(schema=sql.Identifier(schema))
+    )
+    before = len(jobs(db, schema, "true"))
+    started = time.monotonic()
+    with pytest.raises(psycopg.errors.QueryCanceled, match="statement timeout"):
+        app.prune(older_than=5 * HOUR)
+    assert time.monotonic() - started < 3, "sent again after the server had answered"
+    assert len(jobs(db, schema, "true")) == before
+
+
 def test_the_elected_planner_applies_a_queues_retention(
     app: SyncLane, db: psycopg.Connection[Any], schema: str
 ) -> None:
