@@ -144,21 +144,37 @@ ORDER BY r.severity,
 LIMIT %(limit)s OFFSET %(offset)s;
 
 -- name: page_history
--- the first load (history slices) of the given owners and types: how many slices, how many
--- loaded, the records and the span loaded; looks each owner up in the per-owner unique index,
--- so it reads only those owners' rows
-SELECT a.queue, a.owner, a.type,
-       count(j.id) AS slices_total,
-       count(j.id) FILTER (WHERE j.status = 'completed') AS slices_completed,
-       count(j.id) FILTER (WHERE j.status IN ('failed', 'deferred', 'abandoned'))
-           AS slices_failed,
-       coalesce(sum(j.processed_count), 0)::bigint AS records,
-       min(j.window_start) FILTER (WHERE j.status = 'completed') AS loaded_from,
-       max(j.window_end) FILTER (WHERE j.status = 'completed') AS loaded_to
-FROM unnest(%(queues)s::text[], %(owners)s::text[], %(types)s::text[]) AS a(queue, owner, type)
-LEFT JOIN {schema}.jobs j
-       ON j.queue = a.queue AND j.owner = a.owner AND j.type = a.type AND j.mode = 'initial'
-GROUP BY a.queue, a.owner, a.type;
+-- the first load (history slices) of the given owners and types: how many slices (those not
+-- planned yet counted from the histories row, as progress() does), how many loaded, the records
+-- and the span loaded; looks each owner up in the per-owner unique index, so it reads only those
+-- owners' rows
+SELECT c.queue, c.owner, c.type,
+       c.rows_total + coalesce(u.slices, 0) AS slices_total,
+       CASE WHEN c.oldest_cancelled = c.history_start THEN 0 ELSE coalesce(u.slices, 0) END
+           AS slices_unplanned,
+       c.slices_completed, c.slices_failed, c.records, c.loaded_from, c.loaded_to
+FROM (
+    SELECT a.queue, a.owner, a.type,
+           count(j.id) AS rows_total,
+           count(j.id) FILTER (WHERE j.status = 'completed') AS slices_completed,
+           count(j.id) FILTER (WHERE j.status IN ('failed', 'deferred', 'abandoned'))
+               AS slices_failed,
+           coalesce(sum(j.processed_count), 0)::bigint AS records,
+           min(j.window_start) FILTER (WHERE j.status = 'completed') AS loaded_from,
+           max(j.window_end) FILTER (WHERE j.status = 'completed') AS loaded_to,
+           min(j.window_start) AS history_start,
+           min(j.window_start) FILTER (WHERE j.status = 'cancelled') AS oldest_cancelled
+    FROM unnest(%(queues)s::text[], %(owners)s::text[], %(types)s::text[]) AS a(queue, owner, type)
+    LEFT JOIN {schema}.jobs j
+           ON j.queue = a.queue AND j.owner = a.owner AND j.type = a.type AND j.mode = 'initial'
+    GROUP BY a.queue, a.owner, a.type
+) AS c
+LEFT JOIN {schema}.histories h ON h.queue = c.queue AND h.owner = c.owner AND h.type = c.type
+LEFT JOIN LATERAL (
+    SELECT ceil(extract(epoch FROM c.history_start - h.history_from)
+                / extract(epoch FROM h.slice))::bigint AS slices
+    WHERE c.history_start > h.history_from
+) u ON true;
 
 -- name: page_lanes
 -- the busiest lanes first: those running a job, then those with most jobs waiting; at most

@@ -34,9 +34,10 @@ LIMIT %(limit)s;
 -- and type. Counts from the history index alone (jobs_history) in owner order, so a limit stops
 -- the walk; reads rows only for what that index leaves out (the errors of failed and deferred
 -- slices; the newest slice not loaded below the newest loaded one, when that is not the slice
--- next to it). Refreshes never count. Asked only for states other than 'loaded', it counts only
--- the owners that have a slice of a status such a state needs (jobs_history_unloaded, and the
--- running jobs)
+-- next to it). The slices not planned yet are counted from the histories row (one lookup per
+-- owner and type). Refreshes never count. Asked only for states other than 'loaded', it counts
+-- only the owners that have a slice of a status such a state needs (jobs_history_unloaded, and
+-- the running jobs)
 WITH history AS (
     SELECT owner, type, status, processed_count, window_start, window_end, next_run_at,
            started_at, completed_at
@@ -67,7 +68,7 @@ WITH history AS (
 ),
 counted AS (
     SELECT owner, type,
-           count(*) AS slices_total,
+           count(*) AS rows_total,
            count(*) FILTER (WHERE status = 'completed') AS slices_completed,
            count(*) FILTER (WHERE status IN ('pending', 'running')) AS slices_open,
            count(*) FILTER (WHERE status IN ('failed', 'deferred')) AS slices_retrying,
@@ -83,15 +84,37 @@ counted AS (
                AS recent_slices,
            min(started_at) FILTER (WHERE status = 'completed' AND completed_at > now() - %(recent)s)
                AS recent_since,
-           max(completed_at) FILTER (WHERE status = 'completed') AS last_completed_at
+           max(completed_at) FILTER (WHERE status = 'completed') AS last_completed_at,
+           min(window_start) FILTER (WHERE status = 'cancelled') AS oldest_cancelled
     FROM history
     GROUP BY owner, type
+),
+planned AS (
+    -- the slices of the history not planned yet (docs/planning.md: a history keeps only its
+    -- newest open slices as rows), counted from its histories row: open slices while the
+    -- history goes on, cancelled ones when its oldest slice was cancelled. Without a row (an
+    -- owner planned before schema 6) every slice is a row
+    SELECT c.owner, c.type, c.rows_total + coalesce(u.slices, 0) AS slices_total,
+           c.slices_completed, c.slices_open + coalesce(u.waiting, 0) AS slices_open,
+           c.rows_total - c.slices_completed - c.slices_open - c.slices_retrying
+               - c.slices_abandoned + coalesce(u.slices - u.waiting, 0) AS slices_cancelled,
+           c.slices_retrying, c.slices_abandoned, c.pending_paused, c.records, c.coverage_end,
+           c.history_start, c.newest_gap_end, c.recent_slices, c.recent_since,
+           c.last_completed_at
+    FROM counted c
+    LEFT JOIN {schema}.histories h
+        ON h.queue = %(queue)s AND h.owner = c.owner AND h.type = c.type
+    LEFT JOIN LATERAL (
+        SELECT n.slices,
+               CASE WHEN c.oldest_cancelled = c.history_start THEN 0 ELSE n.slices END AS waiting
+        FROM (SELECT ceil(extract(epoch FROM c.history_start - h.history_from)
+                          / extract(epoch FROM h.slice))::bigint AS slices) AS n
+        WHERE c.history_start > h.history_from
+    ) u ON true
 ),
 stated AS (
     SELECT c.*,
            slices_retrying + slices_abandoned AS slices_failed,
-           slices_total - slices_completed - slices_open - slices_retrying - slices_abandoned
-               AS slices_cancelled,
            slices_open + slices_retrying AS remaining,
            CASE WHEN slices_completed = slices_total THEN 'loaded'
                 WHEN slices_abandoned > 0 THEN 'abandoned'
@@ -109,7 +132,7 @@ stated AS (
                         AND g.window_end <= c.coverage_end
                         AND g.mode = 'initial' AND g.status <> 'completed'
                       ORDER BY g.window_end DESC LIMIT 1) END AS gap_end
-    FROM counted c
+    FROM planned c
     -- a failed or deferred slice fails the owner, unless it failed with a throttle: read those
     -- few rows for their errors
     LEFT JOIN LATERAL (
