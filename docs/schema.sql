@@ -501,7 +501,7 @@ CREATE UNIQUE INDEX IF NOT EXISTS jobs_leased_queue_slot
 -- 5's looks about a parked lane: every lane with open jobs gets a wake once, and a look rereads it.
 DO $upgrade$
 BEGIN
-    IF NOT EXISTS (SELECT FROM "synclane".schema_version WHERE version = 5) THEN
+    IF NOT EXISTS (SELECT FROM "synclane".schema_version WHERE version >= 5) THEN
         INSERT INTO "synclane".lane_wakes (queue, lane, due_at)
         SELECT queue, lane, min(next_run_at) FROM "synclane".jobs
         WHERE status IN ('pending', 'failed', 'deferred')
@@ -525,7 +525,7 @@ ALTER TABLE "synclane".jobs ADD COLUMN IF NOT EXISTS release_key uuid;
 ALTER TABLE "synclane".planner ADD COLUMN IF NOT EXISTS planning_token uuid;
 ALTER TABLE "synclane".planner ADD COLUMN IF NOT EXISTS planning_until timestamptz;
 
-INSERT INTO "synclane".schema_version (version) VALUES (5) ON CONFLICT DO NOTHING;
+-- (Version 5 ends here; a table created since version 6 records only its own version.)
 
 -- Version 6: lazy history ---------------------------------------------------------------------
 -- (docs/planning.md, "History: initial slices")
@@ -556,6 +556,20 @@ LANGUAGE sql STABLE PARALLEL SAFE AS $$
            || CASE WHEN date_trunc('second', start) = start THEN ''
                    ELSE '.' || to_char(start AT TIME ZONE 'UTC', 'US') END
            || 'Z'
+$$;
+
+-- How many slices of an owner's history are not planned yet: from history_from to `oldest`, the
+-- start of its oldest slice, in slices of its histories row; 0 without a row (an owner planned
+-- before version 6 has every slice as a row). progress() and the page count them; so can you.
+CREATE OR REPLACE FUNCTION "synclane".slices_to_plan(
+    queue_name text, owner_name text, type_name text, oldest timestamptz
+) RETURNS bigint LANGUAGE sql STABLE AS $$
+    SELECT coalesce((
+        SELECT ceil(extract(epoch FROM oldest - h.history_from) / extract(epoch FROM h.slice))
+        FROM "synclane".histories h
+        WHERE h.queue = queue_name AND h.owner = owner_name AND h.type = type_name
+          AND h.history_from < oldest
+    ), 0)::bigint
 $$;
 
 -- The next older slices of an owner's history, after one of its slices finished (called by the

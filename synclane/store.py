@@ -132,6 +132,10 @@ def compact(name: str, text: str) -> str:
     return "\n".join([f"-- synclane: {name}", *lines])
 
 
+# psycopg keeps the conversion of a statement's placeholders for statements up to this size
+# (MAX_CACHED_STATEMENT_LENGTH); a longer one is converted again at every execution.
+CACHED_BYTES = 4096
+
 _PLACEHOLDER = re.compile(r"%\((\w+)\)[sb]|%%")
 
 
@@ -160,9 +164,18 @@ class Store:
             name: render(compact(name, text), self.schema) for name, text in QUERIES.items()
         }
         self._positional: dict[str, tuple[sql.Composed, tuple[str, ...]]] = {}
+        self._fits: dict[str, bool] = {}
 
     def query(self, name: str) -> sql.Composed:
         return self._queries[name]
+
+    def fits_cache(self, name: str) -> bool:
+        """Whether psycopg keeps the statement's conversion (else run it through a raw cursor,
+        `positional`)."""
+        if name not in self._fits:
+            size = len(self.query(name).as_string(None).encode("utf-8"))
+            self._fits[name] = size <= CACHED_BYTES
+        return self._fits[name]
 
     def positional(self, name: str) -> tuple[sql.Composed, tuple[str, ...]]:
         """A statement for a raw cursor (psycopg's RawCursor), and the names of its parameters

@@ -46,6 +46,31 @@ def set_rows(db: psycopg.Connection, schema: str, assignments: str, where: str, 
     return db.execute(query, params).rowcount
 
 
+def history_from(db: psycopg.Connection, schema: str, owner: str) -> object:
+    """The history_from the histories row of an owner's orders records (None: no row)."""
+    row = db.execute(
+        sql.SQL("SELECT history_from FROM {} WHERE owner = %s AND type = 'orders'").format(
+            sql.Identifier(schema, "histories")
+        ),
+        [owner],
+    ).fetchone()
+    return None if row is None else row[0]
+
+
+def complete_history(db: psycopg.Connection, schema: str) -> int:
+    """Complete the open history slices, one statement at a time, as workers would, until none
+    is open (each completion plans the next older slice); returns how many were completed."""
+    done = 0
+    while completed := set_rows(
+        db,
+        schema,
+        "status = 'completed', completed_at = now()",
+        "mode = 'initial' AND status IN ('pending', 'running', 'failed')",
+    ):
+        done += completed
+    return done
+
+
 def windowed_app(
     app: SyncLane, owners: list[Owner], horizon: timedelta = timedelta(days=60)
 ) -> SyncLane:
@@ -92,6 +117,13 @@ def test_eight_processes_planning_at_once_create_each_job_once(dsn, db, schema):
     assert [status for status, _ in reports] == ["ok"] * 8, reports
     assert sum(added for _, added in reports) == expected
     assert count(db, schema) == expected
+    # One histories row per owner, all recording the same two years back from one midnight.
+    recorded = db.execute(
+        sql.SQL("SELECT count(*), count(DISTINCT history_from), min(ahead) FROM {}").format(
+            sql.Identifier(schema, "histories")
+        )
+    ).fetchone()
+    assert recorded == (len(apps.OWNERS), 1, 2)
     duplicates = db.execute(
         sql.SQL(
             "SELECT owner, type, mode, window_start FROM {} "
@@ -128,7 +160,11 @@ def test_widening_the_horizon_keeps_the_slices_and_adds_only_the_older_ones(app,
         finally:
             wider.close()
 
-    assert added == {"shops": 23}
+    # Lazy history: the wider horizon is recorded, and its 23 older slices are planned as the
+    # open ones finish (by the database, whoever finishes them), not all by this plan.
+    assert added == {"shops": 0}
+    assert history_from(db, schema, "acme") == today - 730 * DAY
+    assert complete_history(db, schema) == 25
     slices = rows(db, schema, "mode = 'initial'")
     assert [(r["id"], r["window_start"], r["window_end"]) for r in slices[:2]] == kept
     assert len(slices) == 25

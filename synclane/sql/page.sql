@@ -145,13 +145,11 @@ LIMIT %(limit)s OFFSET %(offset)s;
 
 -- name: page_history
 -- the first load (history slices) of the given owners and types: how many slices (those not
--- planned yet counted from the histories row, as progress() does), how many loaded, the records
--- and the span loaded; looks each owner up in the per-owner unique index, so it reads only those
--- owners' rows
-SELECT c.queue, c.owner, c.type,
-       c.rows_total + coalesce(u.slices, 0) AS slices_total,
-       CASE WHEN c.oldest_cancelled = c.history_start THEN 0 ELSE coalesce(u.slices, 0) END
-           AS slices_unplanned,
+-- planned yet counted from the histories row, slices_to_plan, as progress() does), how many
+-- loaded, the records and the span loaded; looks each owner up in the per-owner unique index, so
+-- it reads only those owners' rows
+SELECT c.queue, c.owner, c.type, c.rows_total + n AS slices_total,
+       CASE WHEN c.stopped THEN 0 ELSE n END AS slices_unplanned,
        c.slices_completed, c.slices_failed, c.records, c.loaded_from, c.loaded_to
 FROM (
     SELECT a.queue, a.owner, a.type,
@@ -163,18 +161,14 @@ FROM (
            min(j.window_start) FILTER (WHERE j.status = 'completed') AS loaded_from,
            max(j.window_end) FILTER (WHERE j.status = 'completed') AS loaded_to,
            min(j.window_start) AS history_start,
-           min(j.window_start) FILTER (WHERE j.status = 'cancelled') AS oldest_cancelled
+           -- the oldest slice was cancelled (the owner was): nothing more is planned for it
+           min(j.window_start) FILTER (WHERE j.status = 'cancelled') = min(j.window_start)
+               AS stopped
     FROM unnest(%(queues)s::text[], %(owners)s::text[], %(types)s::text[]) AS a(queue, owner, type)
     LEFT JOIN {schema}.jobs j
            ON j.queue = a.queue AND j.owner = a.owner AND j.type = a.type AND j.mode = 'initial'
     GROUP BY a.queue, a.owner, a.type
-) AS c
-LEFT JOIN {schema}.histories h ON h.queue = c.queue AND h.owner = c.owner AND h.type = c.type
-LEFT JOIN LATERAL (
-    SELECT ceil(extract(epoch FROM c.history_start - h.history_from)
-                / extract(epoch FROM h.slice))::bigint AS slices
-    WHERE c.history_start > h.history_from
-) u ON true;
+) AS c, {schema}.slices_to_plan(c.queue, c.owner, c.type, c.history_start) AS n;
 
 -- name: page_lanes
 -- the busiest lanes first: those running a job, then those with most jobs waiting; at most

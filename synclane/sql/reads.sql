@@ -34,10 +34,10 @@ LIMIT %(limit)s;
 -- and type. Counts from the history index alone (jobs_history) in owner order, so a limit stops
 -- the walk; reads rows only for what that index leaves out (the errors of failed and deferred
 -- slices; the newest slice not loaded below the newest loaded one, when that is not the slice
--- next to it). The slices not planned yet are counted from the histories row (one lookup per
--- owner and type). Refreshes never count. Asked only for states other than 'loaded', it counts
--- only the owners that have a slice of a status such a state needs (jobs_history_unloaded, and
--- the running jobs)
+-- next to it). The slices not planned yet are counted from the histories row (slices_to_plan,
+-- one lookup per owner and type). Refreshes never count. Asked only for states other than
+-- 'loaded', it counts only the owners that have a slice of a status such a state needs
+-- (jobs_history_unloaded, and the running jobs)
 WITH history AS (
     SELECT owner, type, status, processed_count, window_start, window_end, next_run_at,
            started_at, completed_at
@@ -70,7 +70,7 @@ counted AS (
     SELECT owner, type,
            count(*) AS rows_total,
            count(*) FILTER (WHERE status = 'completed') AS slices_completed,
-           count(*) FILTER (WHERE status IN ('pending', 'running')) AS slices_open,
+           count(*) FILTER (WHERE status IN ('pending', 'running')) AS open_rows,
            count(*) FILTER (WHERE status IN ('failed', 'deferred')) AS slices_retrying,
            count(*) FILTER (WHERE status = 'abandoned') AS slices_abandoned,
            -- nothing but a throttle leaves a pending job waiting (it pushes every open job of
@@ -85,36 +85,23 @@ counted AS (
            min(started_at) FILTER (WHERE status = 'completed' AND completed_at > now() - %(recent)s)
                AS recent_since,
            max(completed_at) FILTER (WHERE status = 'completed') AS last_completed_at,
-           min(window_start) FILTER (WHERE status = 'cancelled') AS oldest_cancelled
+           -- the oldest slice was cancelled (the owner was): nothing more is planned for it
+           min(window_start) FILTER (WHERE status = 'cancelled') = min(window_start) AS stopped
     FROM history
     GROUP BY owner, type
 ),
 planned AS (
-    -- the slices of the history not planned yet (docs/planning.md: a history keeps only its
-    -- newest open slices as rows), counted from its histories row: open slices while the
-    -- history goes on, cancelled ones when its oldest slice was cancelled. Without a row (an
-    -- owner planned before schema 6) every slice is a row
-    SELECT c.owner, c.type, c.rows_total + coalesce(u.slices, 0) AS slices_total,
-           c.slices_completed, c.slices_open + coalesce(u.waiting, 0) AS slices_open,
-           c.rows_total - c.slices_completed - c.slices_open - c.slices_retrying
-               - c.slices_abandoned + coalesce(u.slices - u.waiting, 0) AS slices_cancelled,
-           c.slices_retrying, c.slices_abandoned, c.pending_paused, c.records, c.coverage_end,
-           c.history_start, c.newest_gap_end, c.recent_slices, c.recent_since,
-           c.last_completed_at
-    FROM counted c
-    LEFT JOIN {schema}.histories h
-        ON h.queue = %(queue)s AND h.owner = c.owner AND h.type = c.type
-    LEFT JOIN LATERAL (
-        SELECT n.slices,
-               CASE WHEN c.oldest_cancelled = c.history_start THEN 0 ELSE n.slices END AS waiting
-        FROM (SELECT ceil(extract(epoch FROM c.history_start - h.history_from)
-                          / extract(epoch FROM h.slice))::bigint AS slices) AS n
-        WHERE c.history_start > h.history_from
-    ) u ON true
+    -- the slices not planned yet wait like open ones, unless the history was stopped: then
+    -- they count as cancelled, as the rows of a history planned before schema 6 do
+    SELECT c.*, rows_total + n AS slices_total,
+           open_rows + CASE WHEN stopped THEN 0 ELSE n END AS slices_open
+    FROM counted c, {schema}.slices_to_plan(%(queue)s, owner, type, history_start) AS n
 ),
 stated AS (
     SELECT c.*,
            slices_retrying + slices_abandoned AS slices_failed,
+           slices_total - slices_completed - slices_open - slices_retrying - slices_abandoned
+               AS slices_cancelled,
            slices_open + slices_retrying AS remaining,
            CASE WHEN slices_completed = slices_total THEN 'loaded'
                 WHEN slices_abandoned > 0 THEN 'abandoned'
