@@ -172,7 +172,8 @@ class Table:
             self.record(owner.id, job_type.name, found.history)
         proposed, added = list(found.jobs), self.insert(found.jobs, now)
         if found.deferred:
-            again = missing(job_type, owner, self.existing(owner, job_type), now, horizon, self.ahead)
+            reread = self.existing(owner, job_type)
+            again = missing(job_type, owner, reread, now, horizon, self.ahead)
             assert again.history is None and not again.deferred, "the row is right now"
             proposed += again.jobs
             added += self.insert(again.jobs, now)
@@ -194,11 +195,8 @@ class Table:
         if record is None:
             return
         for _ in range(record.ahead):
-            initial = [
-                r
-                for r in self.rows
-                if (r.job.owner, r.job.type, r.job.mode) == (finished.owner, finished.type, "initial")
-            ]
+            mine = (finished.owner, finished.type, "initial")
+            initial = [r for r in self.rows if (r.job.owner, r.job.type, r.job.mode) == mine]
             oldest = min(initial, key=lambda r: r.job.window_end)
             start = oldest.job.window_start
             if start <= record.history_from or oldest.status == "cancelled":
@@ -628,9 +626,8 @@ def test_widening_60_to_730_days_adds_23_older_slices_the_oldest_10_days_long(ho
 
     before = set(map(id, table.rows))
     table.load(ACME, ORDERS)
-    added = sorted(
-        (r for r in table.rows if id(r) not in before), key=lambda r: r.job.window_start, reverse=True
-    )
+    added = [r for r in table.rows if id(r) not in before]
+    added.sort(key=lambda r: r.job.window_start, reverse=True)
     assert len(added) == 23
     assert {r.job.mode for r in added} == {"initial"}
     assert {id(r): r.window for r in table.rows if id(r) in first} == first
