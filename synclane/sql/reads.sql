@@ -157,6 +157,22 @@ FROM {schema}.jobs
 WHERE queue = ANY (%(queues)s::text[])
   AND status IN ('pending', 'running', 'failed', 'deferred', 'abandoned');
 
+-- name: history_to_plan
+-- how many history slices of these queues are not planned yet (slices_to_plan of each histories
+-- row, back from its oldest slice; none for a history whose oldest slice was cancelled): what a
+-- progress bar adds to the open jobs. One lookup per histories row, so the bar reads it seldom
+-- on a large table (synclane.terminal.JobsBar)
+SELECT coalesce(sum({schema}.slices_to_plan(h.queue, h.owner, h.type, o.window_start)), 0)::bigint
+    AS slices
+FROM {schema}.histories h
+CROSS JOIN LATERAL (
+    SELECT j.window_start, j.status FROM {schema}.jobs j
+    WHERE j.queue = h.queue AND j.owner = h.owner AND j.type = h.type AND j.mode = 'initial'
+      AND j.window_end IS NOT NULL
+    ORDER BY j.window_end LIMIT 1
+) AS o
+WHERE h.queue = ANY (%(queues)s::text[]) AND o.status <> 'cancelled';
+
 -- name: failures
 -- open failures grouped by cause (the error's first line, numbers and ids masked), aggregated in
 -- the database; reads only failed, deferred and abandoned rows, and one error per cause. A
