@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import os
 import signal
+import threading
 import time
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
@@ -272,6 +273,72 @@ def test_the_database_waits_for_no_one_to_top_up_and_the_next_plan_repairs(
         assert app.plan() == {"q": 2}, "the plan tops up what the completions could not"
     finally:
         app.close()
+
+
+def test_a_backfill_racing_the_last_top_up_never_overlaps_it(
+    dsn: str, db: psycopg.Connection[Any], schema: str
+) -> None:
+    """A worker's completion plans the history's last slice, cut at the recorded history_from,
+    in a transaction that has not committed; a backfill that widens the row reads the history
+    without it. The backfill waits for the row, commits the wider row first and plans the older
+    slices in a second transaction that sees the cut slice: no two slices cover the same days.
+    (Planned in the transaction that widened the row, its full 30-day slice would have covered
+    the cut one's 10 days.)"""
+    app, _ = planner(dsn, schema, [Owner("acme")])
+    try:
+        app.plan()
+        first_midnight = history(db, schema, "acme")[0]["window_end"]
+        newest_open = (
+            f"UPDATE {{jobs}} SET status = 'completed' WHERE id = (SELECT id FROM {{jobs}}"
+            f" WHERE {SLICE} AND {OPEN} ORDER BY window_start DESC LIMIT 1)"
+        )
+        while len(history(db, schema, "acme")) < SLICES - 1:
+            change(db, newest_open, schema)
+        # The 23rd finishes while a transaction holds the row: its top-up is skipped, and the
+        # 24th is the only open slice.
+        with psycopg.connect(dsn) as holder:
+            holder.execute(
+                sql.SQL("SELECT * FROM {} FOR UPDATE").format(sql.Identifier(schema, "histories"))
+            )
+            change(db, newest_open, schema)
+        assert [r["status"] for r in history(db, schema, "acme")][-2:] == ["completed", "pending"]
+        last = history(db, schema, "acme")[-1]  # the 24th: what is below it is cut to 10 days
+        assert last["window_start"] - 30 * DAY < first_midnight - HISTORY["horizon"]
+
+        with psycopg.connect(dsn) as worker:
+            worker.execute(
+                sql.SQL("UPDATE {} SET status = 'completed' WHERE id = %s").format(
+                    sql.Identifier(schema, "jobs")
+                ),
+                [last["id"]],
+            )
+            results: list[Any] = []
+            backfill = threading.Thread(
+                target=lambda: results.append(
+                    app.plan("q", "acme", horizon=timedelta(days=800), type="orders")
+                )
+            )
+            backfill.start()
+            wait_for(
+                lambda: select(
+                    db,
+                    "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                    " AND query LIKE '%%record_histories%%'",
+                    schema,
+                ),
+                timeout=30,
+                what="the backfill to wait for the histories row",
+            )
+            worker.commit()
+        backfill.join(timeout=30)
+        assert results == [{"q": 1}]
+    finally:
+        app.close()
+    rows = history(db, schema, "acme")
+    for newer, older in itertools.pairwise(rows):
+        assert older["window_end"] == newer["window_start"], "a gap or an overlap"
+    assert rows[-2]["window_end"] - rows[-2]["window_start"] == 10 * DAY
+    assert rows[-1]["window_start"] == first_midnight - HISTORY["horizon"] - 30 * DAY
 
 
 # -- real workers -------------------------------------------------------------------------------
