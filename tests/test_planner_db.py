@@ -19,6 +19,7 @@ from synclane.planning import Existing, iso, marks, midnight, period_start, sett
 from synclane.store import Store
 
 DAY = timedelta(days=1)
+OPENED = "status IN ('pending', 'running', 'failed')"
 EVERY = timedelta(minutes=15)
 OVERLAP = timedelta(minutes=5)
 
@@ -309,6 +310,59 @@ def facts(db: psycopg.Connection, schema: str, owners: list[str]) -> dict[tuple[
     return {
         (r["owner"], r["type"]): (Existing(**{k: r[k] for k in fields}), r["now"]) for r in found
     }
+
+
+def test_a_plan_reads_exactly_the_owners_whose_history_misses_something(
+    app, db, schema, monkeypatch
+):
+    """Lazy history: the comparison in SQL (unsettled_owners) names exactly the owners for
+    which planning.settled fails on what plan_read reads: a history with fewer than `ahead`
+    slices open, a histories row lost, or one that says another slice, another `ahead` or less
+    history than the type; not one loading as it should, loaded, or cancelled."""
+    wait_until_away_from_a_period_edge(db, EVERY)
+    names = ["loading", "one-open", "row-deleted", "row-slice", "row-ahead", "row-shorter"]
+    names += ["cancelled", "loaded"]
+    shops = windowed_app(app, [Owner(n) for n in names], horizon=730 * DAY).catalog.get("shops")
+    reads = owners_read(monkeypatch)
+    assert app.plan() == {"shops": 3 * len(names)}
+    histories = sql.Identifier(schema, "histories")
+    changes = [
+        ("DELETE FROM {jobs} WHERE owner = 'one-open' AND id = (SELECT min(id) FROM {jobs}"
+         " WHERE owner = 'one-open' AND mode = 'initial')"),
+        "DELETE FROM {histories} WHERE owner = 'row-deleted'",
+        "UPDATE {histories} SET slice = interval '1 day' WHERE owner = 'row-slice'",
+        "UPDATE {histories} SET ahead = 5 WHERE owner = 'row-ahead'",
+        "UPDATE {histories} SET history_from = history_from + interval '1 day'"
+        " WHERE owner = 'row-shorter'",
+    ]  # fmt: skip
+    for statement in changes:
+        db.execute(sql.SQL(statement).format(jobs=jobs_table(schema), histories=histories))
+    app.cancel("shops", "cancelled", "gone")
+    while set_rows(
+        db, schema, "status = 'completed'", f"owner = 'loaded' AND mode = 'initial' AND {OPENED}"
+    ):
+        pass
+    found = facts(db, schema, names)
+    unsettled = {
+        owner
+        for (owner, name), (existing, now) in found.items()
+        if name == "orders"
+        and not settled(shops.job_type(name), existing, marks(shops.job_type(name), now))
+    }
+    assert unsettled == {"one-open", "row-deleted", "row-slice", "row-ahead", "row-shorter"}
+
+    reads.clear()
+    assert app.plan() == {"shops": 1}  # the slice one-open lacks; the rows are written again
+    assert set().union(*reads) == unsettled
+    rewritten = db.execute(
+        sql.SQL("SELECT count(DISTINCT (history_from, slice, ahead)), count(*) FROM {}").format(
+            histories
+        )
+    ).fetchone()
+    assert rewritten == (1, len(names))
+    reads.clear()
+    assert app.plan() == {"shops": 0}
+    assert reads == []
 
 
 def test_jobs_a_user_deleted_are_planned_again_by_the_next_plan(app, db, schema):
