@@ -1,6 +1,6 @@
 """Planning with `app.plan()`: the first plan, then re-plans with nothing new.
 
-    python -m bench.plan [--owners 10000] [--history 1000000]
+    python -m bench.plan [--owners 10000] [--history 1000000] [--against COMMIT]
 
 `app.plan()` compares every owner the source names (a worker's own planning round reads only
 what is due: bench/scale.py measures that). The type is windowed with a 730-day horizon and
@@ -8,14 +8,22 @@ what is due: bench/scale.py measures that). The type is windowed with a 730-day 
 owner source, compares it with the owners table and the owners' rows in one statement per batch,
 and reads no owner's rows into Python (issue 30): its cost on top of reading the source must stay
 under a second at 100,000 owners, grow no faster than the owners, and not grow with finished
-history. It is measured on the fresh plan, then again after every job is completed and
-`--history` more completed rows (months of past refreshes) were added.
+history. It is measured on the fresh plan (since schema 6 each history's newest two slices are
+open and the rest still to plan: lazy history), then again once every history is loaded (every
+slice a completed row, as workers would have left it) and `--history` more completed rows
+(months of past refreshes) were added.
+
+`--against COMMIT` runs the same measurement of that commit (its files from `git archive`, its own
+bench/plan.py) and of this code, one after the other in one run.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import subprocess
+import sys
 from datetime import timedelta
 from typing import Any
 
@@ -36,6 +44,29 @@ SELECT 'shops', 'owner-' || (n %% %(owners)s), 'owner-' || (n %% %(owners)s), 'o
        timestamptz '2026-06-01' + (n + 1) * interval '1 second',
        'recurring:old:' || n, now()
 FROM generate_series(1, %(rows)s) n
+"""
+
+
+# The slices of each history not planned yet, as completed rows: what the database's top-ups
+# would have added as the workers loaded it (schema 6; nothing to add for an older schema)
+LOADED = """
+INSERT INTO {schema}.jobs (queue, owner, lane, type, mode, status, window_start, window_end,
+                           dedup_key, completed_at)
+SELECT h.queue, h.owner, h.owner, h.type, 'initial', 'completed', s.start,
+       o.window_start - (n - 1) * h.slice, {schema}.initial_key(s.start),
+       now()
+FROM {schema}.histories h
+CROSS JOIN LATERAL (
+    SELECT j.window_start FROM {schema}.jobs j
+    WHERE j.queue = h.queue AND j.owner = h.owner AND j.type = h.type AND j.mode = 'initial'
+      AND j.window_end IS NOT NULL
+    ORDER BY j.window_end LIMIT 1
+) AS o
+CROSS JOIN LATERAL generate_series(
+    1, {schema}.slices_to_plan(h.queue, h.owner, h.type, o.window_start)::int) AS n
+CROSS JOIN LATERAL (
+    SELECT greatest(o.window_start - n * h.slice, h.history_from) AS start
+) AS s
 """
 
 
@@ -102,7 +133,12 @@ def main(owners: int = 10_000, history: int = 1_000_000) -> list[str]:
         lines.append(nothing_new(f"re-plan, nothing new, {owners:,} owners", again, source, added))
         jobs = sql.Identifier(schema, "jobs")
         with psycopg.connect(dsn, autocommit=True) as conn:
+            # Every history loaded, as workers would have left it (their top-ups are arranged
+            # here in one statement: no trigger runs)
+            conn.execute("SET session_replication_role = replica")
             conn.execute(sql.SQL("UPDATE {} SET status = 'completed'").format(jobs))
+            conn.execute(sql.SQL(LOADED).format(schema=sql.Identifier(schema)))
+            conn.execute("SET session_replication_role = DEFAULT")
             conn.execute(sql.SQL(HISTORY).format(jobs=jobs), {"owners": owners, "rows": history})
             conn.execute(sql.SQL("VACUUM ANALYZE {}").format(jobs))
         later, added = replan(app)
@@ -114,9 +150,29 @@ def main(owners: int = 10_000, history: int = 1_000_000) -> list[str]:
     return lines
 
 
+def against(commit: str, owners: int, history: int) -> None:
+    """The same measurement by `commit`'s own bench/plan.py, then by this code's."""
+    from bench.scale import archived
+
+    older = archived(commit)
+    print(f"-- {commit}", flush=True)
+    subprocess.run(
+        [sys.executable, "-m", "bench.plan", "--owners", str(owners), "--history", str(history)],
+        cwd=older,
+        env={**os.environ, "PYTHONPATH": str(older)},
+        check=True,
+    )
+    print("-- this code", flush=True)
+    main(owners, history)
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--owners", type=int, default=10_000)
     parser.add_argument("--history", type=int, default=1_000_000)
+    parser.add_argument("--against", metavar="COMMIT")
     args = parser.parse_args()
-    main(args.owners, args.history)
+    if args.against:
+        against(args.against, args.owners, args.history)
+    else:
+        main(args.owners, args.history)

@@ -10,8 +10,13 @@
   round reads neither). Goal: < 1 s at 1,000,000 owners, within 2× of 10,000.
 - **Planning a due period** at the largest size, on the same table: the round after a new
   period began, which plans one refresh for every owner.
-- **First plan** of `--first` owners × 25 history slices and a refresh, in a process of its own
-  (the round a worker runs on an empty table): time and peak RSS. Goal: < 30 s, < 300 MiB.
+- **First plan** of `--first` owners, each with a two-year history of 25 slices and a refresh, in
+  a process of its own (the round a worker runs on an empty table): time, peak RSS and rows per
+  owner (since schema 6 the newest slices only: lazy history). Goals: < 30 s and < 300 MiB at
+  100,000 owners, < 5 minutes at 1,000,000, a few rows per owner.
+  `python -m bench.scale --first-only 100000 --against 9ed2726` measures only that, side by side
+  with an older commit (its files from `git archive`, its own `--first-plan-child`), the two
+  codes taking turns at going first, `--rounds` times.
 - **The insert's floor**: the first plan's insert for a twentieth of `--first` owners into a
   jobs table taken apart (primary key only; then the wake trigger, the dedup index, ON
   CONFLICT, the other indexes added back): what each piece costs, and the rate a first plan can
@@ -39,11 +44,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -210,20 +218,63 @@ def first_plan_child(owners: int) -> None:
     print(json.dumps({"seconds": elapsed, "rows": added, "rss_kib": peak, "sizes": sizes}))
 
 
-def first_plan(owners: int) -> tuple[list[str], dict[str, Any]]:
+def first_plan(owners: int, code: Path | None = None) -> tuple[list[str], dict[str, Any]]:
+    """The first plan in a process of its own, of this code or of the files in `code`."""
+    env = dict(os.environ)
+    if code is not None:
+        env["PYTHONPATH"] = str(code)
     done = subprocess.run(
         [sys.executable, "-m", "bench.scale", "--first-plan-child", str(owners)],
         capture_output=True,
         text=True,
         check=True,
+        cwd=code,
+        env=env,
     )
     figures = json.loads(done.stdout.strip().splitlines()[-1])
     rss = figures["rss_kib"] / 1024
+    goal = "< 5 minutes" if owners >= 1_000_000 else "< 30 s"
     return [
-        f"first plan, {owners:,} owners × 26 jobs: {figures['seconds']:.1f} s, "
-        f"{figures['rows']:,} rows ({figures['rows'] / figures['seconds']:,.0f} rows/s), "
-        f"peak RSS {rss:.0f} MiB (goal < 30 s, < 300 MiB)"
+        f"first plan, {owners:,} owners (two years of 30-day slices each): "
+        f"{figures['seconds']:.1f} s, {figures['rows']:,} rows, {figures['rows'] / owners:.1f} "
+        f"per owner ({figures['rows'] / figures['seconds']:,.0f} rows/s), peak RSS {rss:.0f} "
+        f"MiB (goals {goal}, < 300 MiB, a few rows per owner)"
     ], figures
+
+
+def archived(commit: str) -> Path:
+    """The files of `commit` (git archive) in a folder of their own, made once."""
+    root = Path(__file__).resolve().parent.parent
+    sha = subprocess.run(
+        ["git", "-C", str(root), "rev-parse", "--short=12", commit],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    place = Path(tempfile.gettempdir()) / f"synclane-files-{sha}"
+    if not (place / "synclane").is_dir():
+        place.mkdir(parents=True, exist_ok=True)
+        archive = subprocess.run(
+            ["git", "-C", str(root), "archive", sha], check=True, capture_output=True
+        ).stdout
+        subprocess.run(["tar", "-x", "-C", str(place)], input=archive, check=True)
+    return place
+
+
+def first_plan_side_by_side(owners: int, against: str, rounds: int) -> list[str]:
+    """The first plan of `owners` by an older commit and by this code, taking turns at going
+    first, each after a CHECKPOINT (a run leaves dirty pages and WAL for the next one)."""
+    older = archived(against)
+    lines = []
+    for number in range(rounds):
+        order = [(against, older), ("this code", None)]
+        for label, code in order if number % 2 == 0 else order[::-1]:
+            with psycopg.connect(bench_dsn(), autocommit=True) as conn:
+                conn.execute("CHECKPOINT")
+            found, _ = first_plan(owners, code)
+            lines += [f"round {number + 1}, {label}: {line}" for line in found]
+            print(lines[-1], flush=True)
+    return lines
 
 
 def first_plan_lines(owners: int) -> list[str]:
@@ -691,12 +742,19 @@ if __name__ == "__main__":
     parser.add_argument("--sdk-owners", type=int, default=100_000)
     parser.add_argument("--smoke", action="store_true", help="tiny sizes: check that it runs")
     parser.add_argument("--first-plan-child", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--first-only", type=int, metavar="OWNERS", help="only: the first plan")
+    parser.add_argument("--against", metavar="COMMIT", help="with --first-only: side by side")
+    parser.add_argument("--rounds", type=int, default=1, help="with --against")
     parser.add_argument(
         "--index-costs", type=int, metavar="OWNERS", help="only: what each index adds to an insert"
     )
     args = parser.parse_args()
     if args.first_plan_child:
         first_plan_child(args.first_plan_child)
+    elif args.first_only and args.against:
+        first_plan_side_by_side(args.first_only, args.against, args.rounds)
+    elif args.first_only:
+        print(*first_plan_lines(args.first_only), sep="\n")
     elif args.index_costs:
         print(*index_costs(bench_dsn(), args.index_costs), sep="\n")
     elif args.smoke:

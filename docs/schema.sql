@@ -1,4 +1,4 @@
--- synclane schema, version 5. Every sync job is one row of "synclane".jobs.
+-- synclane schema, version 6. Every sync job is one row of "synclane".jobs.
 -- synclane applies this at start-up (SyncLane(..., create_schema=True)); teams that run their own
 -- migrations apply docs/schema.sql, which is this file rendered for the schema "synclane".
 -- Idempotent: every statement can run again without changing anything.
@@ -413,6 +413,11 @@ $wake$;
 CREATE OR REPLACE FUNCTION "synclane".wake_lanes_of_changed_job() RETURNS trigger
 LANGUAGE plpgsql AS $wake$
 BEGIN
+    -- (version 6) a history slice that finished: plan the next older one (plan_older_slices)
+    IF NEW.status IN ('completed', 'deferred', 'abandoned') AND NEW.mode = 'initial'
+       AND OLD.status IN ('pending', 'running', 'failed') THEN
+        PERFORM "synclane".plan_older_slices(NEW.queue, NEW.owner, NEW.type, NEW.lane, NEW.priority);
+    END IF;
     IF (NEW.status = 'running' OR NEW.status = 'completed')
        AND NEW.lane = OLD.lane AND NEW.queue = OLD.queue THEN
         RETURN NULL;  -- taken or completed: the worker's own, see above
@@ -496,7 +501,7 @@ CREATE UNIQUE INDEX IF NOT EXISTS jobs_leased_queue_slot
 -- 5's looks about a parked lane: every lane with open jobs gets a wake once, and a look rereads it.
 DO $upgrade$
 BEGIN
-    IF NOT EXISTS (SELECT FROM "synclane".schema_version WHERE version = 5) THEN
+    IF NOT EXISTS (SELECT FROM "synclane".schema_version WHERE version >= 5) THEN
         INSERT INTO "synclane".lane_wakes (queue, lane, due_at)
         SELECT queue, lane, min(next_run_at) FROM "synclane".jobs
         WHERE status IN ('pending', 'failed', 'deferred')
@@ -520,4 +525,116 @@ ALTER TABLE "synclane".jobs ADD COLUMN IF NOT EXISTS release_key uuid;
 ALTER TABLE "synclane".planner ADD COLUMN IF NOT EXISTS planning_token uuid;
 ALTER TABLE "synclane".planner ADD COLUMN IF NOT EXISTS planning_until timestamptz;
 
-INSERT INTO "synclane".schema_version (version) VALUES (5) ON CONFLICT DO NOTHING;
+-- (Version 5 ends here; a table created since version 6 records only its own version.)
+
+-- Version 6: lazy history ---------------------------------------------------------------------
+-- (docs/planning.md, "History: initial slices")
+-- A first plan no longer writes every history slice of an owner: it writes the newest few, and
+-- each next older slice is planned when one finishes, by the database, whoever finishes it (a
+-- worker, or your own UPDATE). What the slices are planned towards is recorded here, one row per
+-- owner and windowed type whose history the planner planned since version 6: how far back it
+-- goes (the first plan's midnight minus the horizon, or older when a backfill widened it), the
+-- slice length, and how many open slices (pending, running, failed) to keep planned. Owners
+-- planned before version 6 have every slice as a row already, and no row here until a backfill
+-- widens their history. The planner writes these rows; the rows of jobs stay the truth (a plan
+-- repairs a row that is missing or wrong).
+CREATE TABLE IF NOT EXISTS "synclane".histories (
+    queue text NOT NULL,
+    owner text NOT NULL,
+    type text NOT NULL,
+    history_from timestamptz NOT NULL,
+    slice interval NOT NULL CHECK (slice > interval '0'),
+    ahead integer NOT NULL CHECK (ahead > 0),
+    PRIMARY KEY (queue, owner, type)
+);
+
+-- A history slice's dedup key, 'initial:<window_start as ISO-8601 UTC>', exactly as
+-- synclane.planning.iso writes it (microseconds only when there are some).
+CREATE OR REPLACE FUNCTION "synclane".initial_key(start timestamptz) RETURNS text
+LANGUAGE sql STABLE PARALLEL SAFE AS $$
+    SELECT 'initial:' || to_char(start AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS')
+           || CASE WHEN date_trunc('second', start) = start THEN ''
+                   ELSE '.' || to_char(start AT TIME ZONE 'UTC', 'US') END
+           || 'Z'
+$$;
+
+-- How many slices of an owner's history are not planned yet: from history_from to `oldest`, the
+-- start of its oldest slice, in slices of its histories row; 0 without a row (an owner planned
+-- before version 6 has every slice as a row). progress() and the page count them; so can you.
+CREATE OR REPLACE FUNCTION "synclane".slices_to_plan(
+    queue_name text, owner_name text, type_name text, oldest timestamptz
+) RETURNS bigint LANGUAGE sql STABLE AS $$
+    SELECT coalesce((
+        SELECT ceil(extract(epoch FROM oldest - h.history_from) / extract(epoch FROM h.slice))
+        FROM "synclane".histories h
+        WHERE h.queue = queue_name AND h.owner = owner_name AND h.type = type_name
+          AND h.history_from < oldest
+    ), 0)::bigint
+$$;
+
+-- The next older slices of an owner's history, after one of its slices finished (called by the
+-- update trigger of jobs, above): while the history does not reach history_from, its oldest
+-- slice is not cancelled (a cancelled owner gets nothing new) and fewer than `ahead` slices are
+-- open, the slice [greatest(start - slice, history_from), start) below the oldest one is added,
+-- in the owner's lane (the owners table's; else the finished job's), due now or when the lane's
+-- throttle pause ends. Its boundaries are those the planner computes (synclane.planning
+-- .plan_history), and the dedup index refuses a slice a planner added at the same instant.
+-- It holds the histories row FOR SHARE while it reads and inserts, so a planner that changes the
+-- row waits for it, and a slice is never computed under a row that is being changed. It waits
+-- for no one for long: a planner holding the row (NOWAIT), or a transaction that inserted the
+-- same slice and has not committed (lock_timeout), makes it plan nothing, and the next plan
+-- tops up instead. It runs as the schema's owner, so that a role that may write jobs needs no
+-- grant on histories or owners.
+CREATE OR REPLACE FUNCTION "synclane".plan_older_slices(
+    queue_name text, owner_name text, type_name text, lane_name text, job_priority integer
+) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+SET lock_timeout = '50ms' AS $older$
+DECLARE
+    history record;
+    oldest record;
+    open integer;
+    start timestamptz;
+    lane_of_owner text;
+BEGIN
+    SELECT h.history_from, h.slice, h.ahead INTO history
+    FROM "synclane".histories h
+    WHERE h.queue = queue_name AND h.owner = owner_name AND h.type = type_name
+    FOR SHARE NOWAIT;
+    IF NOT FOUND THEN
+        RETURN;  -- planned before version 6: every slice is a row already
+    END IF;
+    FOR attempt IN 1 .. history.ahead LOOP
+        SELECT j.window_start, j.status INTO oldest
+        FROM "synclane".jobs j
+        WHERE j.queue = queue_name AND j.owner = owner_name AND j.type = type_name
+          AND j.mode = 'initial' AND j.window_end IS NOT NULL
+        ORDER BY j.window_end LIMIT 1;
+        EXIT WHEN NOT FOUND OR oldest.window_start <= history.history_from
+                  OR oldest.status = 'cancelled';
+        SELECT count(*) INTO open
+        FROM "synclane".jobs j
+        WHERE j.queue = queue_name AND j.owner = owner_name AND j.type = type_name
+          AND j.mode = 'initial' AND j.status IN ('pending', 'running', 'failed');
+        EXIT WHEN open >= history.ahead;
+        start := greatest(oldest.window_start - history.slice, history.history_from);
+        SELECT o.lane INTO lane_of_owner
+        FROM "synclane".owners o WHERE o.queue = queue_name AND o.owner = owner_name;
+        lane_of_owner := coalesce(lane_of_owner, lane_name);
+        INSERT INTO "synclane".jobs
+            (queue, owner, lane, type, mode, priority, window_start, window_end, dedup_key,
+             next_run_at)
+        VALUES (queue_name, owner_name, lane_of_owner, type_name, 'initial', job_priority, start,
+                oldest.window_start, "synclane".initial_key(start),
+                greatest(now(), (SELECT l.paused_until FROM "synclane".lanes l
+                                 WHERE l.queue = queue_name AND l.lane = lane_of_owner)))
+        ON CONFLICT (queue, owner, type, dedup_key) DO NOTHING;
+    END LOOP;
+EXCEPTION WHEN lock_not_available OR serialization_failure OR deadlock_detected THEN
+    -- another transaction holds the row or the slice: the next plan (app.plan(), or a worker's
+    -- planning pass) tops up what this one did not
+    RETURN;
+END
+$older$;
+
+INSERT INTO "synclane".schema_version (version) VALUES (6) ON CONFLICT DO NOTHING;

@@ -380,6 +380,13 @@ class SyncLane(Reads):
         which nothing runs until a requeue. What a progress bar counts besides the done ones."""
         return self._operations.unfinished_jobs(queues)
 
+    def history_to_plan(self, queues: Sequence[str] | None = None) -> int:
+        """How many history slices of these queues are not planned yet: a history keeps only
+        its newest open slices as rows, and the database plans the next as one finishes
+        (docs/planning.md). What a progress bar adds to the open jobs; one index lookup per owner
+        and windowed type, so read it seldom on a large table."""
+        return self._operations.history_to_plan(queues)
+
     # -- workers ---------------------------------------------------------------------------
 
     def worker(

@@ -1,8 +1,11 @@
 """Planning a batch of owners: the steps `app.plan()`, a worker's planning round and a caller's
 connection (`conn=`) share.
 
-For a batch, one SERIALIZABLE transaction holds one read of what exists (`plan_read`) and one
-insert of what is missing (`insert_jobs`, ON CONFLICT DO NOTHING). Planners that run at the same
+For a batch, one SERIALIZABLE transaction holds one read of what exists (`plan_read`), the
+histories rows to write (`record_histories`) and one insert of what is missing (`insert_jobs`,
+ON CONFLICT DO NOTHING). Owners whose histories row changed while the database may be planning
+their slices under the old one get their older slices in a second transaction
+(planning.plan_history, "deferred"). Planners that run at the same
 instant are kept apart by the dedup index; planners whose read and insert straddle a period edge
 or midnight (so that their keys differ) by serializable isolation, which makes one of them read
 again. Rows are inserted in one stable order, so that two planners never lock keys in opposite
@@ -14,6 +17,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
@@ -62,21 +66,25 @@ def plan_steps(
     horizon: timedelta | None,
     *,
     whole: bool = True,
+    again: bool = True,
 ) -> Steps[int]:
     """Register these owners (moving re-laned ones), then one serializable read and insert for
-    them; marks them planned when every type was (`whole`)."""
+    them; marks them planned when every type was (`whole`). Owners whose older slices waited for
+    their histories row are planned again in a transaction of their own (`again`; not inside a
+    caller's transaction, where the next plan does it)."""
     known: dict[str, Known] = yield from admit(queue.name, owners)
     first = [o.id for o in owners if whole and o.id in known and not known[o.id].planned]
 
-    def steps() -> Steps[int]:
-        added: int = yield from read_and_insert(queue, owners, types, horizon)
+    def steps() -> Steps[Planned]:
+        planned: Planned = yield from read_and_insert(queue, owners, types, horizon)
         if first:
             # In the transaction of the insert: retried with it, counted once.
             yield Execute("mark_planned", {"queue": queue.name, "owners": first})
-        return added
+        return planned
 
-    count: int = yield Atomic(steps, serializable=True)
-    return count
+    planned: Planned = yield Atomic(steps, serializable=True)
+    added: int = yield from plan_deferred(queue, owners, types, horizon, planned, again)
+    return added
 
 
 def compare_steps(
@@ -86,13 +94,15 @@ def compare_steps(
     horizon: timedelta | None,
     *,
     whole: bool = True,
+    again: bool = True,
 ) -> Steps[int]:
     """`app.plan()`'s batch: one statement compares the owners with the owners table and with
     their rows (`unsettled_owners`, the test of planning.settled, on the database clock); only
     the owners it names are registered, read and planned (`plan_steps`). With nothing new that is
     two short statements and no row sent back."""
     (clock,) = yield Fetch("database_now", {})
-    marks = [planning.marks(t, clock["now"], horizon) for t in types]
+    ahead = planning.ahead_for(queue.settings.lane_width)
+    marks = [planning.marks(t, clock["now"], horizon, ahead) for t in types]
     rows: list[dict[str, Any]] = yield Fetch(
         "unsettled_owners",
         {
@@ -105,13 +115,15 @@ def compare_steps(
             "period_from": [m.period_from for m in marks],
             "period_to": [m.period_to for m in marks],
             "covered_to": [m.covered_to for m in marks],
+            "slices": [m.slice for m in marks],
+            "aheads": [m.ahead for m in marks],
         },
     )
     if not rows:
         return 0
     by_id = {o.id: o for o in owners}
     count: int = yield from plan_steps(
-        queue, [by_id[r["owner"]] for r in rows], types, horizon, whole=whole
+        queue, [by_id[r["owner"]] for r in rows], types, horizon, whole=whole, again=again
     )
     return count
 
@@ -122,19 +134,53 @@ def pass_steps(
     """One batch of a pass over a type's owners: plan them, and record how far the pass came,
     in one transaction."""
 
-    def steps() -> Steps[int]:
-        added: int = yield from read_and_insert(queue, owners, [job_type], None)
+    def steps() -> Steps[Planned]:
+        planned: Planned = yield from read_and_insert(queue, owners, [job_type], None)
         yield Execute("pass_progress", progress)
-        return added
+        return planned
 
-    count: int = yield Atomic(steps, serializable=True)
-    return count
+    planned: Planned = yield Atomic(steps, serializable=True)
+    added: int = yield from plan_deferred(queue, owners, [job_type], None, planned, True)
+    return added
+
+
+@dataclass(frozen=True)
+class Planned:
+    """What one read and insert did: how many jobs it added, and the owners whose older slices
+    wait for the histories row it wrote to be committed."""
+
+    added: int
+    deferred: tuple[str, ...] = ()
+
+
+def plan_deferred(
+    queue: Queue,
+    owners: list[Owner],
+    types: Sequence[JobType],
+    horizon: timedelta | None,
+    planned: Planned,
+    again: bool,
+) -> Steps[int]:
+    """After the transaction that changed their histories rows: the deferred owners' older
+    slices, in a serializable transaction of their own (their rows are now what the rule says,
+    so this one writes none and defers nothing)."""
+    if not planned.deferred or not again:
+        return planned.added
+    waiting = set(planned.deferred)
+    later = [o for o in owners if o.id in waiting]
+
+    def steps() -> Steps[Planned]:
+        return (yield from read_and_insert(queue, later, types, horizon))
+
+    second: Planned = yield Atomic(steps, serializable=True)
+    return planned.added + second.added
 
 
 def read_and_insert(
     queue: Queue, owners: list[Owner], types: Sequence[JobType], horizon: timedelta | None
-) -> Steps[int]:
-    """One read of what exists for these owners and types, one insert of what is missing."""
+) -> Steps[Planned]:
+    """One read of what exists for these owners and types, the histories rows to write, and one
+    insert of what is missing."""
     by_id = {o.id: o for o in owners}
     rows: list[dict[str, Any]] = yield Fetch(
         "plan_read",
@@ -145,11 +191,16 @@ def read_and_insert(
             "windowed": [isinstance(t, WindowedType) for t in types],
         },
     )
-    shapes = Shapes()
+    shapes = Shapes(planning.ahead_for(queue.settings.lane_width))
     for row in rows:
         owner = by_id[row["owner"]]
         existing = planning.Existing(
             oldest_initial_start=row["oldest_initial_start"],
+            oldest_initial_status=row["oldest_initial_status"],
+            open_initial=row["open_initial"],
+            history_from=row["history_from"],
+            history_slice=row["history_slice"],
+            history_ahead=row["history_ahead"],
             coverage_end=row["coverage_end"],
             coverage_mode=row["coverage_mode"],
             initial_created_at=row["initial_created_at"],
@@ -161,12 +212,16 @@ def read_and_insert(
         # source's.
         lane = row["lane"] or owner.lane_key
         shapes.add(owner.id, lane, queue.types[row["type"]], existing, row["now"], horizon)
-    if not shapes.owners:
-        return 0
-    added: int = yield Execute("insert_jobs", shapes.params(queue.name))
-    if added:
-        yield from work_added(queue.name)
-    return added
+    if shapes.histories:
+        # Before the insert: the database plans slices under these rows, and a slice it plans
+        # now waits for them (schema.sql, plan_older_slices) instead of racing this transaction.
+        yield Execute("record_histories", shapes.history_params(queue.name))
+    added = 0
+    if shapes.owners:
+        added = yield Execute("insert_jobs", shapes.params(queue.name))
+        if added:
+            yield from work_added(queue.name)
+    return Planned(added, tuple(shapes.deferred))
 
 
 _Job = tuple[str, str, int, datetime | None, datetime | None, str]
@@ -179,11 +234,16 @@ class Shapes:
     multiplies out in the database. The planning rule is computed once per shape of what exists,
     not once per owner."""
 
-    def __init__(self) -> None:
+    def __init__(self, ahead: int = planning.DEFAULT_AHEAD) -> None:
+        self.ahead = ahead
         self.owners: dict[str, list[_Job]] = {}
         self.lanes: dict[str, str] = {}
-        self._rules: dict[tuple[str, planning.Existing, datetime, timedelta | None], list[_Job]]
-        self._rules = {}
+        self.histories: list[tuple[str, str, planning.History]] = []
+        self.deferred: list[str] = []
+        self._rules: dict[
+            tuple[str, planning.Existing, datetime, timedelta | None],
+            tuple[list[_Job], planning.Missing],
+        ] = {}
 
     def add(
         self,
@@ -195,15 +255,33 @@ class Shapes:
         horizon: timedelta | None,
     ) -> None:
         key = (job_type.name, existing, now, horizon)
-        jobs = self._rules.get(key)
-        if jobs is None:
-            jobs = self._rules[key] = [
+        rule = self._rules.get(key)
+        if rule is None:
+            found = planning.missing(job_type, _PLACEHOLDER, existing, now, horizon, self.ahead)
+            made: list[_Job] = [
                 (j.type, j.mode, j.priority, j.window_start, j.window_end, j.dedup_key)
-                for j in planning.missing_jobs(job_type, _PLACEHOLDER, existing, now, horizon)
+                for j in found.jobs
             ]
+            rule = self._rules[key] = (made, found)
+        jobs, found = rule
         if jobs:
             self.owners.setdefault(owner, []).extend(jobs)
             self.lanes[owner] = lane
+        if found.history is not None:
+            self.histories.append((owner, job_type.name, found.history))
+        if found.deferred and owner not in self.deferred:
+            self.deferred.append(owner)
+
+    def history_params(self, queue: str) -> dict[str, Any]:
+        rows = sorted(self.histories, key=lambda row: (row[0], row[1]))
+        return {
+            "queue": queue,
+            "owners": [owner for owner, _, _ in rows],
+            "types": [type_name for _, type_name, _ in rows],
+            "froms": [h.history_from for _, _, h in rows],
+            "slices": [h.slice for _, _, h in rows],
+            "aheads": [h.ahead for _, _, h in rows],
+        }
 
     def params(self, queue: str) -> dict[str, Any]:
         numbers: dict[tuple[_Job, ...], int] = {}

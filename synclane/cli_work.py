@@ -76,7 +76,9 @@ def _work(
         if metrics_at is not None:
             listeners.append(_serve_metrics(app, queues, *metrics_at, term, serving))
         elapsed = timer()
-        with term.progress(lambda: app.unfinished_jobs(queues), "working") as bar:
+        with term.progress(
+            lambda: app.unfinished_jobs(queues), "working", lambda: app.history_to_plan(queues)
+        ) as bar:
             worker = app.worker(
                 queues, seconds, until_idle=until_idle, idle_grace=grace,
                 on_event=[*listeners, bar],
@@ -199,7 +201,9 @@ def cmd_demo(args: argparse.Namespace, term: Terminal) -> int:
     story = Story(demo, command=command, say=say, say_command=say_command, page=server is not None)
     story.intro(sum(app.plan().values()), kept=args.keep)
     try:
-        with term.progress(lambda: app.unfinished_jobs(), "demo") as bar:
+        with term.progress(
+            lambda: app.unfinished_jobs(), "demo", lambda: app.history_to_plan()
+        ) as bar:
             listeners: list[Listener] = [EventPrinter(app), story, bar, events]
             worker = app.worker(None, args.seconds, on_event=listeners)
             report = worker.run()

@@ -349,6 +349,14 @@ class Operations:
             row = conn.execute(self.database.store.query("open_jobs"), {"queues": names}).fetchone()
         return (0, 0) if row is None else (int(row[0]), int(row[1]))
 
+    def history_to_plan(self, queues: Sequence[str] | None = None) -> int:
+        names = [q.name for q in self.catalog.pick(queues or None)]
+        with self.database.connection() as conn:
+            row = conn.execute(
+                self.database.store.query("history_to_plan"), {"queues": names}
+            ).fetchone()
+        return 0 if row is None else int(row[0])
+
 
 def default_author() -> str:
     """Who does an operation when nobody says: the operating-system user at this host."""

@@ -131,7 +131,7 @@ class Planner:
         added = 0
         while (batch := await asyncio.to_thread(next, batches, None)) is not None:
             if batch:
-                steps = compare_steps(queue, batch, types, horizon, whole=type is None)
+                steps = compare_steps(queue, batch, types, horizon, whole=type is None, again=False)
                 added += await run_async(conn, self.database.store, steps, caller=True)
         return added
 
@@ -189,7 +189,8 @@ class Planner:
         conn: psycopg.Connection[Any] | None,
     ) -> int:
         def steps() -> Steps[int]:
-            return compare_steps(queue, batch, types, horizon, whole=whole)
+            again = conn is None  # a caller's transaction cannot commit in between
+            return compare_steps(queue, batch, types, horizon, whole=whole, again=again)
 
         if conn is not None:
             # The caller's transaction: what PostgreSQL rolls back there is the caller's to retry.

@@ -15,6 +15,8 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+import psycopg
+
 from synclane.connection import Database
 from synclane.model import MAX_DURATION, STATUSES, ConfigError, check_aware, to_duration
 from synclane.operations import REQUEUE_STATUSES, job_id_list
@@ -295,7 +297,14 @@ class Reads:
             # Grouping a hundred thousand open rows or history slices sorts or hashes them: in
             # memory, not spilled to disk in 4 MB runs (the server's default work_mem).
             conn.execute("SET LOCAL work_mem = '64MB'")
-            cur = conn.execute(self.database.store.query(name), params)
+            store = self.database.store
+            if store.fits_cache(name):
+                cur = conn.execute(store.query(name), params)
+            else:
+                # progress() is longer than psycopg keeps converted: sent as it is, with
+                # PostgreSQL's own placeholders, as the worker's take statements are
+                query, names = store.positional(name)
+                cur = psycopg.RawCursor(conn).execute(query, [params[n] for n in names])
             return [d.name for d in cur.description or []], cur.fetchall()
 
 

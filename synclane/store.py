@@ -20,8 +20,9 @@ from synclane.model import ConfigError, unstorable
 # 2 added the index jobs_open_lanes; 3 the lanes table and held leases; 4 the lanes' hints written
 # by every stop and arrival (the functions unpark_lane and lanes_of_new_jobs), and dropped
 # jobs_open_lanes; 5 replaced those with wakes that triggers write (lane_wakes), and made the
-# queue's slots count every live lease (jobs_leased_queue_slot)
-SCHEMA_VERSION = 5
+# queue's slots count every live lease (jobs_leased_queue_slot); 6 planned history lazily: the
+# histories table, and the next older slice planned by the database as one finishes
+SCHEMA_VERSION = 6
 # How many jobs at the front of the line the take statement looks at before it searches lane by
 # lane (see docs/performance.md: the front answers in well under a millisecond).
 FRONT_SIZE = 64
@@ -131,6 +132,10 @@ def compact(name: str, text: str) -> str:
     return "\n".join([f"-- synclane: {name}", *lines])
 
 
+# psycopg keeps the conversion of a statement's placeholders for statements up to this size
+# (MAX_CACHED_STATEMENT_LENGTH); a longer one is converted again at every execution.
+CACHED_BYTES = 4096
+
 _PLACEHOLDER = re.compile(r"%\((\w+)\)[sb]|%%")
 
 
@@ -159,9 +164,18 @@ class Store:
             name: render(compact(name, text), self.schema) for name, text in QUERIES.items()
         }
         self._positional: dict[str, tuple[sql.Composed, tuple[str, ...]]] = {}
+        self._fits: dict[str, bool] = {}
 
     def query(self, name: str) -> sql.Composed:
         return self._queries[name]
+
+    def fits_cache(self, name: str) -> bool:
+        """Whether psycopg keeps the statement's conversion (else run it through a raw cursor,
+        `positional`)."""
+        if name not in self._fits:
+            size = len(self.query(name).as_string(None).encode("utf-8"))
+            self._fits[name] = size <= CACHED_BYTES
+        return self._fits[name]
 
     def positional(self, name: str) -> tuple[sql.Composed, tuple[str, ...]]:
         """A statement for a raw cursor (psycopg's RawCursor), and the names of its parameters

@@ -145,11 +145,17 @@ class Terminal:
         self.out.print(table)
 
     @contextmanager
-    def progress(self, count_open: Callable[[], tuple[int, int]], label: str) -> Iterator[JobsBar]:
+    def progress(
+        self,
+        count_open: Callable[[], tuple[int, int]],
+        label: str,
+        count_to_plan: Callable[[], int] | None = None,
+    ) -> Iterator[JobsBar]:
         """A bar on stderr while work runs, when stderr is a terminal: done jobs of all, with
-        the open and waiting ones (`count_open` reads both) once a second; the ones that wait
-        for a human are counted and named. Log lines print above it."""
-        bar = JobsBar(count_open)
+        the open and waiting ones (`count_open` reads both) once a second, and the history
+        slices not planned yet (`count_to_plan`) as often as their cost allows; the ones that
+        wait for a human are counted and named. Log lines print above it."""
+        bar = JobsBar(count_open, count_to_plan)
         if not self.err.is_terminal:
             yield bar
             return
@@ -200,24 +206,39 @@ class RunningClock(TimeElapsedColumn):
 
 class JobsBar:
     """What the bar counts: jobs completed since the start (from events), and from the table
-    the jobs still open and those waiting for a human (abandoned: in the total, never done
-    until someone requeues them)."""
+    the jobs still open, those waiting for a human (abandoned: in the total, never done until
+    someone requeues them), and the history slices not planned yet (a history keeps only its
+    newest slices as rows: they are jobs to come). That last count costs a lookup per owner and
+    type: it is read again only after fifty times as long as its last read took (at least a
+    second)."""
 
-    def __init__(self, count_open: Callable[[], tuple[int, int]]) -> None:
+    def __init__(
+        self,
+        count_open: Callable[[], tuple[int, int]],
+        count_to_plan: Callable[[], int] | None = None,
+    ) -> None:
         self.count_open = count_open
+        self.count_to_plan = count_to_plan
         self.completed = 0
         self._open = 0
         self.waiting = 0
+        self.to_plan = 0
+        self._to_plan_due = 0.0
 
     def __call__(self, event: Event) -> None:
         if event.kind == "completed":
             self.completed += 1
 
     def read(self) -> tuple[int, int]:
-        """(done, total), the waiting ones in the total."""
+        """(done, total), the waiting ones and those to plan in the total."""
         with contextlib.suppress(Exception):  # a bar must never break the work it shows
             self._open, self.waiting = self.count_open()
-        return self.completed, self.completed + self._open + self.waiting
+        if self.count_to_plan is not None and time.monotonic() >= self._to_plan_due:
+            began = time.monotonic()
+            with contextlib.suppress(Exception):
+                self.to_plan = self.count_to_plan()
+            self._to_plan_due = time.monotonic() + max(1.0, 50 * (time.monotonic() - began))
+        return self.completed, self.completed + self._open + self.waiting + self.to_plan
 
     @property
     def waiting_text(self) -> str:

@@ -75,9 +75,11 @@ def orders_and_products(
 # Forty shops in seven lanes: owners that share a lane share a rate limit.
 OWNERS = [Owner(f"shop-{n:03d}", lane=f"lane-{n % 7}") for n in range(40)]
 
-# What one plan of a fresh schema creates for each owner: 25 history slices (730 days in 30-day
-# slices, the oldest 10 days long), one refresh of orders, and the first products snapshot.
-JOBS_PER_OWNER = 25 + 1 + 1
+# What one plan of a fresh schema creates for each owner: the newest 2 of its 25 history slices
+# (730 days in 30-day slices; a lane one wide keeps 2 open, planning.ahead_for: the others are
+# planned as these finish), one refresh of orders, and the first products snapshot.
+HISTORY_SLICES = 25
+JOBS_PER_OWNER = 2 + 1 + 1
 
 
 def connected_shops(queue: str) -> list[Owner]:

@@ -5,8 +5,8 @@ sets to the machine's PostgreSQL 15, else the embedded one) and a schema per tes
 Installing synclane (`pip install -e '.[dev]'`) registers the plugin; where plugins are not
 loaded automatically (PYTEST_DISABLE_PLUGIN_AUTOLOAD) it is loaded here.
 
-The fixtures of this repository's own tests: `run` (the command line) and `roles` (the roles of
-docs/operations.md).
+The fixtures of this repository's own tests: `run` (the command line), `roles` (the roles of
+docs/operations.md) and `every_slice_planned` (a plan writes a whole history at once).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from command_line import Run, run_in_process
 from roles import documented_roles
 from servers import remove_unless_running
 
-from synclane import SyncLane
+from synclane import SyncLane, planning
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -58,3 +58,12 @@ def roles(db: psycopg.Connection[Any], schema: str, app: SyncLane) -> Iterator[d
     under names of this test's own (tests/roles.py). Yields their names."""
     with documented_roles(db, schema) as names:
         yield names
+
+
+@pytest.fixture
+def every_slice_planned(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In this process, a plan writes every history slice of an owner at once, as plans did
+    before lazy history (schema 6): each owner keeps that many slices open
+    (planning.ahead_for). For tests whose promise is about reading or arranging the slices of a
+    history (progress(), coverage, failures, the charts), not about when they are planned."""
+    monkeypatch.setattr(planning, "ahead_for", lambda lane_width: 100_000)

@@ -119,7 +119,7 @@ def frozen_in_a_transaction(dsn: str, schema: str, idle: float, results: Any) ->
         types = list(queue.types.values())
 
         def inserting() -> Any:
-            added = yield from read_and_insert(queue, OWNERS[:1], types, None)
+            added = (yield from read_and_insert(queue, OWNERS[:1], types, None)).added
             yield Blocking(lambda: results.put(("inserted", added)) or time.sleep(60))
             return added
 

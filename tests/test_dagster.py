@@ -505,7 +505,9 @@ def test_plan_backfill_and_requeue_runs_ride_out_a_database_restart(
             back = down_for(3)
             requeued = run(outage_defs, REQUEUE, instance, {"queue": "shops", "owner": "globex"})
             back.join()
-            assert output_metadata(requeued)["requeued"] == 5
+            # globex's two open history slices (they fail, so its two older slices are not
+            # planned yet: lazy history) and its abandoned products
+            assert output_metadata(requeued)["requeued"] == 3
         finally:
             app.close()
             server.close()
@@ -665,6 +667,13 @@ def test_a_backfill_adds_only_the_older_slices_of_the_owners_asked(
         {"queue": "shops", "type": "orders", "horizon_days": 120, "owners": ["globex"]},
     )
     assert output_metadata(one) == {"slices_added": 2, "percent_loaded": 0.0}
+    # Lazy history: the older slices are planned as the open ones finish (here by hand).
+    with loaded.app.connect() as conn:
+        conn.execute(
+            sql.SQL(
+                "UPDATE {} SET status = 'completed' WHERE type = 'orders' AND mode = 'initial'"
+            ).format(sql.Identifier(loaded.app.schema, "jobs"))
+        )
     after = loaded.app.jobs("shops", type="orders")
     added = after[~after["id"].isin(before["id"])]
     assert set(added["owner"]) == {"globex"}

@@ -300,7 +300,7 @@ def test_jobs_filters_by_queue_owner_status_and_type_and_limits(shops, db, schem
 # -- progress() -----------------------------------------------------------------------------------
 
 
-def test_progress_reports_each_owner_and_type_from_the_rows(shops, db, schema):
+def test_progress_reports_each_owner_and_type_from_the_rows(shops, db, schema, every_slice_planned):
     shops.plan()  # per owner: four 30-day order slices, a refresh, and a products snapshot
 
     def slices(owner: str) -> list[dict]:

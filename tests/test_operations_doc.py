@@ -241,6 +241,39 @@ def test_the_watch_queries_find_what_they_are_for(
     assert depth["acme"]["throttled_until"] is not None
 
 
+def test_the_histories_queries_find_a_stalled_history_and_restore_a_deleted_row(
+    app: SyncLane, db: psycopg.Connection[Any], schema: str
+) -> None:
+    orders_and_products(app, [Owner("acme-us"), Owner("globex")], horizon=730 * DAY, every=DAY)
+    app.plan()
+    histories = sql.Identifier(schema, "histories")
+    (recorded,) = db.execute(
+        sql.SQL("SELECT * FROM {} WHERE owner = 'acme-us'").format(histories)
+    ).fetchall()
+    # globex's two open slices finish while a transaction holds its row: nothing is topped up.
+    with psycopg.connect(app.dsn) as holder:
+        holder.execute(
+            sql.SQL("SELECT * FROM {} WHERE owner = 'globex' FOR UPDATE").format(histories)
+        )
+        db.execute(
+            sql.SQL(
+                "UPDATE {} SET status = 'completed' WHERE owner = 'globex' AND mode = 'initial'"
+            ).format(sql.Identifier(schema, "jobs"))
+        )
+    loading = {r["owner"]: r for r in run(db, "watch_histories", schema)}
+    assert (loading["acme-us"]["open"], loading["acme-us"]["to_plan"]) == (2, 23)
+    assert (loading["globex"]["open"], loading["globex"]["to_plan"]) == (0, 23)
+    assert list(loading) == ["globex", "acme-us"], "the stalled one first"
+
+    db.execute(sql.SQL("DELETE FROM {} WHERE owner = 'acme-us'").format(histories))
+    assert run(db, "restore_history", schema) == [{"rowcount": 1}]
+    restored = db.execute(
+        sql.SQL("SELECT * FROM {} WHERE owner = 'acme-us'").format(histories)
+    ).fetchall()
+    assert restored == [recorded]
+    assert app.plan() == {"shops": 2}, "the stalled history is topped up by the next plan"
+
+
 @pytest.mark.parametrize(
     ("fix", "before", "after", "words"),
     [
@@ -339,5 +372,7 @@ def test_every_statement_of_the_page_is_one_of_those_tested_here_or_in_test_secu
         "fix_unthrottle": "unthrottling",
         "upgrade_4": "test_table: the documented index drop before a migration",
         "hidden_jobs": "test_lane_hints: a hidden job is listed until a worker mends its lane",
+        "watch_histories": "histories",
+        "restore_history": "histories",
     }
     assert sorted(names) == sorted(tested)

@@ -19,6 +19,7 @@ from synclane.planning import Existing, iso, marks, midnight, period_start, sett
 from synclane.store import Store
 
 DAY = timedelta(days=1)
+OPENED = "status IN ('pending', 'running', 'failed')"
 EVERY = timedelta(minutes=15)
 OVERLAP = timedelta(minutes=5)
 
@@ -44,6 +45,31 @@ def set_rows(db: psycopg.Connection, schema: str, assignments: str, where: str, 
         jobs_table(schema), sql.SQL(assignments), sql.SQL(where)
     )
     return db.execute(query, params).rowcount
+
+
+def history_from(db: psycopg.Connection, schema: str, owner: str) -> object:
+    """The history_from the histories row of an owner's orders records (None: no row)."""
+    row = db.execute(
+        sql.SQL("SELECT history_from FROM {} WHERE owner = %s AND type = 'orders'").format(
+            sql.Identifier(schema, "histories")
+        ),
+        [owner],
+    ).fetchone()
+    return None if row is None else row[0]
+
+
+def complete_history(db: psycopg.Connection, schema: str) -> int:
+    """Complete the open history slices, one statement at a time, as workers would, until none
+    is open (each completion plans the next older slice); returns how many were completed."""
+    done = 0
+    while completed := set_rows(
+        db,
+        schema,
+        "status = 'completed', completed_at = now()",
+        "mode = 'initial' AND status IN ('pending', 'running', 'failed')",
+    ):
+        done += completed
+    return done
 
 
 def windowed_app(
@@ -92,6 +118,13 @@ def test_eight_processes_planning_at_once_create_each_job_once(dsn, db, schema):
     assert [status for status, _ in reports] == ["ok"] * 8, reports
     assert sum(added for _, added in reports) == expected
     assert count(db, schema) == expected
+    # One histories row per owner, all recording the same two years back from one midnight.
+    recorded = db.execute(
+        sql.SQL("SELECT count(*), count(DISTINCT history_from), min(ahead) FROM {}").format(
+            sql.Identifier(schema, "histories")
+        )
+    ).fetchone()
+    assert recorded == (len(apps.OWNERS), 1, 2)
     duplicates = db.execute(
         sql.SQL(
             "SELECT owner, type, mode, window_start FROM {} "
@@ -128,7 +161,11 @@ def test_widening_the_horizon_keeps_the_slices_and_adds_only_the_older_ones(app,
         finally:
             wider.close()
 
-    assert added == {"shops": 23}
+    # Lazy history: the wider horizon is recorded, and its 23 older slices are planned as the
+    # open ones finish (by the database, whoever finishes them), not all by this plan.
+    assert added == {"shops": 0}
+    assert history_from(db, schema, "acme") == today - 730 * DAY
+    assert complete_history(db, schema) == 25
     slices = rows(db, schema, "mode = 'initial'")
     assert [(r["id"], r["window_start"], r["window_end"]) for r in slices[:2]] == kept
     assert len(slices) == 25
@@ -273,6 +310,59 @@ def facts(db: psycopg.Connection, schema: str, owners: list[str]) -> dict[tuple[
     return {
         (r["owner"], r["type"]): (Existing(**{k: r[k] for k in fields}), r["now"]) for r in found
     }
+
+
+def test_a_plan_reads_exactly_the_owners_whose_history_misses_something(
+    app, db, schema, monkeypatch
+):
+    """Lazy history: the comparison in SQL (unsettled_owners) names exactly the owners for
+    which planning.settled fails on what plan_read reads: a history with fewer than `ahead`
+    slices open, a histories row lost, or one that says another slice, another `ahead` or less
+    history than the type; not one loading as it should, loaded, or cancelled."""
+    wait_until_away_from_a_period_edge(db, EVERY)
+    names = ["loading", "one-open", "row-deleted", "row-slice", "row-ahead", "row-shorter"]
+    names += ["cancelled", "loaded"]
+    shops = windowed_app(app, [Owner(n) for n in names], horizon=730 * DAY).catalog.get("shops")
+    reads = owners_read(monkeypatch)
+    assert app.plan() == {"shops": 3 * len(names)}
+    histories = sql.Identifier(schema, "histories")
+    changes = [
+        ("DELETE FROM {jobs} WHERE owner = 'one-open' AND id = (SELECT min(id) FROM {jobs}"
+         " WHERE owner = 'one-open' AND mode = 'initial')"),
+        "DELETE FROM {histories} WHERE owner = 'row-deleted'",
+        "UPDATE {histories} SET slice = interval '1 day' WHERE owner = 'row-slice'",
+        "UPDATE {histories} SET ahead = 5 WHERE owner = 'row-ahead'",
+        "UPDATE {histories} SET history_from = history_from + interval '1 day'"
+        " WHERE owner = 'row-shorter'",
+    ]  # fmt: skip
+    for statement in changes:
+        db.execute(sql.SQL(statement).format(jobs=jobs_table(schema), histories=histories))
+    app.cancel("shops", "cancelled", "gone")
+    while set_rows(
+        db, schema, "status = 'completed'", f"owner = 'loaded' AND mode = 'initial' AND {OPENED}"
+    ):
+        pass
+    found = facts(db, schema, names)
+    unsettled = {
+        owner
+        for (owner, name), (existing, now) in found.items()
+        if name == "orders"
+        and not settled(shops.job_type(name), existing, marks(shops.job_type(name), now))
+    }
+    assert unsettled == {"one-open", "row-deleted", "row-slice", "row-ahead", "row-shorter"}
+
+    reads.clear()
+    assert app.plan() == {"shops": 1}  # the slice one-open lacks; the rows are written again
+    assert set().union(*reads) == unsettled
+    rewritten = db.execute(
+        sql.SQL("SELECT count(DISTINCT (history_from, slice, ahead)), count(*) FROM {}").format(
+            histories
+        )
+    ).fetchone()
+    assert rewritten == (1, len(names))
+    reads.clear()
+    assert app.plan() == {"shops": 0}
+    assert reads == []
 
 
 def test_jobs_a_user_deleted_are_planned_again_by_the_next_plan(app, db, schema):

@@ -1,10 +1,14 @@
 """The planning rule of docs/planning.md, pinned without a database.
 
-`Table` below keeps rows in memory and derives `Existing` from them exactly as the planner's one
-read (`plan_read` in synclane/sql/planning.sql) does, and inserts like `ON CONFLICT DO NOTHING`:
-a row whose (owner, type, dedup_key) exists is skipped. The property tests drive it with random
-sequences of plans, time passing, horizon changes and jobs finishing, and check after every step
-that the three mistakes of the rule (duplicates, gaps, shifts) never happen.
+`Table` below keeps rows and histories rows in memory and derives `Existing` from them exactly as
+the planner's one read (`plan_read` in synclane/sql/planning.sql) does, writes histories rows as
+`record_histories` does, and inserts like `ON CONFLICT DO NOTHING`: a row whose (owner, type,
+dedup_key) exists is skipped. A status change runs the model of the database's top-up
+(`plan_older_slices` in synclane/sql/schema.sql, which tests/test_lazy_history.py pins against
+PostgreSQL): a history slice that finishes plans the next older one. The property tests drive it
+with random sequences of plans, time passing, horizon changes and jobs finishing, and check after
+every step that the three mistakes of the rule (duplicates, gaps, shifts) never happen, and that
+the history loads to its horizon by finishing slices alone.
 """
 
 from __future__ import annotations
@@ -19,18 +23,23 @@ from hypothesis import strategies as st
 
 from synclane.model import JobType, Owner, SnapshotType, WindowedType
 from synclane.planning import (
+    DEFAULT_AHEAD,
     MAX_REFRESH_SLICES,
+    OPEN,
     Existing,
+    History,
+    Missing,
     NewJob,
     iso,
     marks,
     midnight,
+    missing,
     missing_jobs,
     period_start,
     settled,
 )
 
-OPEN = ("pending", "running", "failed")  # what the planner's read counts as open
+FINISHED = ("completed", "deferred", "abandoned")  # what tops a history up when a slice gets it
 STATUSES = ("pending", "running", "completed", "failed", "deferred", "abandoned", "cancelled")
 
 ACME = Owner("acme-us", lane="acme")
@@ -82,6 +91,9 @@ class Plan:
 @dataclass
 class Table:
     rows: list[Row] = field(default_factory=list)
+    histories: dict[tuple[str, str], History] = field(default_factory=dict)
+    ahead: int = DEFAULT_AHEAD
+    clock: datetime = NOW
 
     def of(self, owner: Owner, job_type: JobType) -> list[Row]:
         return [r for r in self.rows if r.job.owner == owner.id and r.job.type == job_type.name]
@@ -107,8 +119,14 @@ class Table:
         # ORDER BY window_end DESC LIMIT 1; of equal ends (a first plan exactly at midnight) the
         # database may return either row, here the one inserted last.
         newest = max(enumerate(windowed), key=lambda x: (x[1].job.window_end, x[0]), default=None)
+        record = self.histories.get((owner.id, job_type.name))
         return Existing(
             oldest_initial_start=None if oldest is None else oldest.job.window_start,
+            oldest_initial_status=None if oldest is None else oldest.status,
+            open_initial=sum(r.status in OPEN for r in initial) if oldest is not None else 0,
+            history_from=None if record is None else record.history_from,
+            history_slice=None if record is None else record.slice,
+            history_ahead=None if record is None else record.ahead,
             coverage_end=None if newest is None else newest[1].job.window_end,
             coverage_mode=None if newest is None else newest[1].job.mode,
             open_recurring=any(r.job.mode == "recurring" and r.status in OPEN for r in rows),
@@ -126,6 +144,13 @@ class Table:
         self.rows += added
         return added
 
+    def record(self, owner: str, type_name: str, history: History) -> None:
+        """record_histories: an upsert that keeps the older history_from."""
+        old = self.histories.get((owner, type_name))
+        if old is not None:
+            history = replace(history, history_from=min(old.history_from, history.history_from))
+        self.histories[(owner, type_name)] = history
+
     def plan(
         self,
         job_type: JobType,
@@ -133,17 +158,66 @@ class Table:
         now: datetime,
         horizon: timedelta | None = None,
     ) -> Plan:
+        """One batch of the planner for one owner and type (synclane/batches.py): read, write
+        the histories row, insert; and the second transaction of an owner whose older slices
+        waited for its row."""
+        self.clock = now
         existing = self.existing(owner, job_type)
         keys_before = {r.job.dedup_key for r in self.of(owner, job_type)}
-        proposed = missing_jobs(job_type, owner, existing, now, horizon)
-        if settled(job_type, existing, marks(job_type, now, horizon)):
-            assert not proposed, "app.plan() skips a settled owner: nothing may be missing"
-        return Plan(now, existing, proposed, self.insert(proposed, now), keys_before)
+        found = missing(job_type, owner, existing, now, horizon, self.ahead)
+        if settled(job_type, existing, marks(job_type, now, horizon, self.ahead)):
+            assert not found.jobs, "app.plan() skips a settled owner: nothing may be missing"
+            assert found.history is None and not found.deferred
+        if found.history is not None:
+            self.record(owner.id, job_type.name, found.history)
+        proposed, added = list(found.jobs), self.insert(found.jobs, now)
+        if found.deferred:
+            reread = self.existing(owner, job_type)
+            again = missing(job_type, owner, reread, now, horizon, self.ahead)
+            assert again.history is None and not again.deferred, "the row is right now"
+            proposed += again.jobs
+            added += self.insert(again.jobs, now)
+        return Plan(now, existing, proposed, added, keys_before)
+
+    def set_status(self, changed: list[Row], status: str) -> None:
+        """UPDATE jobs SET status = ... WHERE id IN (...): the rows change, then the update
+        trigger runs once for each row (wake_lanes_of_changed_job)."""
+        before = [(r, r.status) for r in changed]
+        for r in changed:
+            r.status = status
+        for r, old in before:
+            if r.job.mode == "initial" and old in OPEN and status in FINISHED:
+                self.plan_older_slices(r.job)
+
+    def plan_older_slices(self, finished: NewJob) -> None:
+        """The model of schema.sql's plan_older_slices, statement by statement."""
+        record = self.histories.get((finished.owner, finished.type))
+        if record is None:
+            return
+        for _ in range(record.ahead):
+            mine = (finished.owner, finished.type, "initial")
+            initial = [r for r in self.rows if (r.job.owner, r.job.type, r.job.mode) == mine]
+            oldest = min(initial, key=lambda r: r.job.window_end)
+            start = oldest.job.window_start
+            if start <= record.history_from or oldest.status == "cancelled":
+                return
+            if sum(r.status in OPEN for r in initial) >= record.ahead:
+                return
+            older = max(start - record.slice, record.history_from)
+            key = f"initial:{iso(older)}"
+            job = replace(finished, window_start=older, window_end=start, dedup_key=key)
+            self.insert([job], self.clock)
 
     def finish(self, owner: Owner, job_type: JobType, status: str = "completed") -> None:
-        for r in self.of(owner, job_type):
-            if r.status in OPEN:
-                r.status = status
+        self.set_status([r for r in self.of(owner, job_type) if r.status in OPEN], status)
+
+    def load(self, owner: Owner, job_type: JobType) -> None:
+        """Workers complete every open history slice, and those their completions plan, until
+        none is open."""
+        while opened := [
+            r for r in self.of(owner, job_type) if r.job.mode == "initial" and r.status in OPEN
+        ]:
+            self.set_status(opened, "completed")
 
 
 def initial_slices(rows: list[Row]) -> list[Row]:
@@ -176,7 +250,7 @@ waits = st.one_of(
 
 
 @st.composite
-def windowed_scenarios(draw: st.DrawFn) -> tuple[WindowedType, datetime, list[tuple]]:
+def windowed_scenarios(draw: st.DrawFn) -> tuple[WindowedType, datetime, list[tuple], int]:
     slice_hours = draw(st.sampled_from([1, 6, 24, 24 * 7, 24 * 30]))
     every = draw(st.sampled_from([1, 5, 15, 60, 24 * 60])) * MINUTE
     overlap = timedelta(seconds=draw(st.integers(0, int(every.total_seconds()) - 1)))
@@ -204,7 +278,8 @@ def windowed_scenarios(draw: st.DrawFn) -> tuple[WindowedType, datetime, list[tu
     )
     # The first step plans one owner; the other owner's first plan comes later, if at all.
     steps = draw(st.lists(step, min_size=10, max_size=40))
-    return job_type, start, [("plan", timedelta(0), (ACME,), None), *steps]
+    ahead = draw(st.integers(1, 4))  # a lane's width + 1, or any other number of open slices
+    return job_type, start, [("plan", timedelta(0), (ACME,), None), *steps], ahead
 
 
 def check_windowed_plan(table: Table, job_type: WindowedType, owner: Owner, plan: Plan) -> None:
@@ -214,6 +289,8 @@ def check_windowed_plan(table: Table, job_type: WindowedType, owner: Owner, plan
     assert len(keys) == len(set(keys)), "one call proposes each dedup key once"
 
     initial = [j for j in plan.proposed if j.mode == "initial"]
+    room = table.ahead if ex.oldest_initial_start is None else table.ahead - ex.open_initial
+    assert len(initial) <= max(room, 0), "no more open slices than `ahead`"
     for job in initial:
         assert job.dedup_key == f"initial:{iso(job.window_start)}"
         if ex.oldest_initial_start is not None:
@@ -262,9 +339,11 @@ def check_windowed_table(
     keys = [r.job.dedup_key for r in rows]
     assert len(keys) == len(set(keys)), "no duplicates"
 
+    record = table.histories[(owner.id, job_type.name)]
+    assert record.history_from == oldest_limit, "the row records the widest horizon"
     history = initial_slices(rows)
     assert history[-1].job.window_end == first_midnight, "history ends at the first midnight"
-    assert history[0].job.window_start == oldest_limit, "history reaches the widest horizon"
+    assert history[0].job.window_start >= oldest_limit, "and never goes past its limit"
     for older, newer in pairwise(history):
         assert older.job.window_end == newer.job.window_start, "no gap, no overlap between slices"
     for r in history:
@@ -278,15 +357,31 @@ def check_windowed_table(
     assert history[0].job.window_start - job_type.overlap <= oldest <= history[0].job.window_start
 
 
+def check_history_loads(
+    table: Table, job_type: WindowedType, owner: Owner, horizon: timedelta | None
+) -> None:
+    """Finishing slices loads the history to the row's history_from, unless its oldest slice was
+    cancelled (the owner was). Where nothing is open (a status changed by hand from one that is
+    not open, which plans nothing), the next plan tops the history up."""
+    while True:
+        table.load(owner, job_type)
+        if not table.plan(job_type, owner, table.clock, horizon).added:
+            break
+    history = initial_slices(table.of(owner, job_type))
+    record = table.histories[(owner.id, job_type.name)]
+    if history[0].status != "cancelled":
+        assert history[0].job.window_start == record.history_from, "loaded to its horizon"
+
+
 @settings(
-    max_examples=120,
+    max_examples=150,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 @given(windowed_scenarios())
 def test_windowed_history_and_refreshes_never_duplicate_gap_or_shift(scenario) -> None:
-    job_type, now, steps = scenario
-    table = Table()
+    job_type, now, steps, ahead = scenario
+    table = Table(ahead=ahead)
     first_midnight: dict[str, datetime] = {}
     first_horizon: dict[str, timedelta] = {}
     oldest_limit: dict[str, datetime] = {}
@@ -299,7 +394,7 @@ def test_windowed_history_and_refreshes_never_duplicate_gap_or_shift(scenario) -
             unfinished = [r for r in table.rows if r.status != "completed"]
             for pick in picks:
                 if unfinished:
-                    unfinished[pick % len(unfinished)].status = status
+                    table.set_status([unfinished[pick % len(unfinished)]], status)
         else:
             _, wait, owners, horizon = step
             now += wait
@@ -316,7 +411,7 @@ def test_windowed_history_and_refreshes_never_duplicate_gap_or_shift(scenario) -
                     # A planner that read nothing, later on the first day, makes the same slices
                     # with the same keys: the dedup index refuses every one of them.
                     made = {(r.job.dedup_key, r.window) for r in table.of(owner, job_type)}
-                    blind = missing_jobs(job_type, owner, Existing(), now, horizon)
+                    blind = missing_jobs(job_type, owner, Existing(), now, horizon, ahead)
                     for job in blind:
                         if job.mode == "initial":
                             assert (job.dedup_key, (job.window_start, job.window_end)) in made
@@ -335,6 +430,14 @@ def test_windowed_history_and_refreshes_never_duplicate_gap_or_shift(scenario) -
                 check_windowed_table(
                     table, job_type, owner, first_midnight[owner.id], oldest_limit[owner.id]
                 )
+    for owner in OWNERS:
+        if owner.id in first_midnight:
+            check_history_loads(table, job_type, owner, None)  # plans with the settings
+            limit = midnight(now) - job_type.horizon
+            oldest_limit[owner.id] = min(oldest_limit[owner.id], limit)
+            check_windowed_table(
+                table, job_type, owner, first_midnight[owner.id], oldest_limit[owner.id]
+            )
 
 
 # -- property tests: snapshot --------------------------------------------------------------------
@@ -416,6 +519,13 @@ instants = st.integers(-3 * 24 * 60, 3 * 24 * 60).map(lambda m: NOW + m * MINUTE
         oldest_initial_start=st.one_of(
             st.none(), instants, st.just(midnight(NOW) - ORDERS.horizon)
         ),
+        oldest_initial_status=st.sampled_from([None, *STATUSES]),
+        open_initial=st.integers(0, 4),
+        history_from=st.one_of(
+            st.none(), instants, st.just(midnight(NOW) - ORDERS.horizon - timedelta(days=3))
+        ),
+        history_slice=st.sampled_from([None, ORDERS.slice, timedelta(days=1)]),
+        history_ahead=st.one_of(st.none(), st.integers(1, 4)),
         coverage_end=st.one_of(st.none(), instants, st.just(NOW)),
         coverage_mode=st.sampled_from([None, "initial", "recurring", "manual"]),
         initial_created_at=st.one_of(st.none(), instants),
@@ -425,14 +535,16 @@ instants = st.integers(-3 * 24 * 60, 3 * 24 * 60).map(lambda m: NOW + m * MINUTE
     ),
     st.one_of(st.none(), st.integers(1, 90).map(lambda d: timedelta(days=d))),
     st.integers(0, 24 * 60).map(lambda m: NOW + m * MINUTE),
+    st.integers(1, 4),
 )
 def test_a_settled_owner_has_nothing_missing_whatever_its_rows_say(
-    job_type: JobType, existing: Existing, horizon: timedelta | None, now: datetime
+    job_type: JobType, existing: Existing, horizon: timedelta | None, now: datetime, ahead: int
 ) -> None:
     """app.plan() reads an owner only when its rows fail `settled` (sql/planning.sql,
-    unsettled_owners): any facts that pass must be facts for which the rule adds nothing."""
-    if settled(job_type, existing, marks(job_type, now, horizon)):
-        assert missing_jobs(job_type, ACME, existing, now, horizon) == []
+    unsettled_owners): any facts that pass must be facts for which the rule adds nothing and
+    writes no histories row."""
+    if settled(job_type, existing, marks(job_type, now, horizon, ahead)):
+        assert missing(job_type, ACME, existing, now, horizon, ahead) == Missing([])
 
 
 def test_a_planned_owner_is_settled_until_its_next_period_and_unsettled_by_a_lost_row() -> None:
@@ -499,6 +611,8 @@ def test_a_later_day_adds_no_history_and_moves_no_slice() -> None:
 
 @pytest.mark.parametrize("how", ["horizon argument", "new settings"])
 def test_widening_60_to_730_days_adds_23_older_slices_the_oldest_10_days_long(how: str) -> None:
+    """The promise is the same slices as before lazy history; they now come as the open ones
+    finish, at most `ahead` open at a time, instead of in the plan that widened."""
     table = Table()
     table.plan(ORDERS, ACME, NOW)
     first = {id(r): r.window for r in table.rows}
@@ -507,16 +621,22 @@ def test_widening_60_to_730_days_adds_23_older_slices_the_oldest_10_days_long(ho
         plan = table.plan(ORDERS, ACME, later, horizon=timedelta(days=730))
     else:
         plan = table.plan(replace(ORDERS, horizon=timedelta(days=730)), ACME, later)
+    assert not plan.added, "both slices of the first plan are still open"
+    assert table.histories[("acme-us", "orders")].history_from == at("2024-11-29")
 
-    assert len(plan.added) == 23  # the refresh of the first plan is still pending
-    assert {r.job.mode for r in plan.added} == {"initial"}
+    before = set(map(id, table.rows))
+    table.load(ACME, ORDERS)
+    added = [r for r in table.rows if id(r) not in before]
+    added.sort(key=lambda r: r.job.window_start, reverse=True)
+    assert len(added) == 23
+    assert {r.job.mode for r in added} == {"initial"}
     assert {id(r): r.window for r in table.rows if id(r) in first} == first
-    newest, oldest = plan.added[0].job, plan.added[-1].job
+    newest, oldest = added[0].job, added[-1].job
     assert newest.window_end == at("2026-09-30"), "starts where the oldest slice started"
     assert oldest.window_start == at("2024-11-29") == midnight(NOW) - timedelta(days=730)
     assert oldest.window_end - oldest.window_start == timedelta(days=10)
     assert oldest.dedup_key == "initial:2024-11-29T00:00:00Z"
-    lengths = [r.job.window_end - r.job.window_start for r in plan.added]
+    lengths = [r.job.window_end - r.job.window_start for r in added]
     assert lengths == [timedelta(days=30)] * 22 + [timedelta(days=10)]
     assert not table.plan(ORDERS, ACME, later, horizon=timedelta(days=730)).added
 
@@ -524,10 +644,132 @@ def test_widening_60_to_730_days_adds_23_older_slices_the_oldest_10_days_long(ho
 def test_widening_on_a_later_day_counts_the_horizon_from_that_day() -> None:
     table = Table()
     table.plan(ORDERS, ACME, NOW)
+    table.finish(ACME, ORDERS)
     plan = table.plan(ORDERS, ACME, NOW + timedelta(days=3), horizon=timedelta(days=90))
     assert summary([r for r in plan.added if r.job.mode == "initial"]) == [
         ("initial", at("2026-09-03"), at("2026-09-30"), "initial:2026-09-03T00:00:00Z")
     ]
+
+
+# -- examples: lazy history ------------------------------------------------------------------------
+
+TWO_YEARS = replace(ORDERS, horizon=timedelta(days=730))
+
+
+def history_rows(table: Table) -> list[tuple[str, datetime, datetime]]:
+    return [(r.status, *r.window) for r in initial_slices(table.rows)]  # type: ignore[list-item]
+
+
+def test_a_first_plan_writes_the_newest_ahead_slices_and_records_how_far_back_to_go() -> None:
+    table = Table()
+    plan = table.plan(TWO_YEARS, ACME, NOW)
+    assert summary(plan.added) == [
+        ("initial", at("2026-10-30"), at("2026-11-29"), "initial:2026-10-30T00:00:00Z"),
+        ("initial", at("2026-09-30"), at("2026-10-30"), "initial:2026-09-30T00:00:00Z"),
+        (
+            "recurring",
+            at("2026-11-28", "23:55"),
+            at("2026-11-29", "10:45"),
+            "recurring:2026-11-29T10:45:00Z",
+        ),
+    ]
+    assert table.histories == {
+        ("acme-us", "orders"): History(at("2024-11-29"), timedelta(days=30), DEFAULT_AHEAD)
+    }
+    wide = Table(ahead=5)
+    assert len([r for r in wide.plan(TWO_YEARS, ACME, NOW).added if r.job.mode == "initial"]) == 5
+
+
+def test_a_finished_slice_plans_the_next_older_one_and_a_cancelled_one_plans_none() -> None:
+    table = Table()
+    table.plan(TWO_YEARS, ACME, NOW)
+    newest = initial_slices(table.rows)[-1]
+    table.set_status([newest], "running")
+    table.set_status([newest], "completed")
+    assert history_rows(table) == [
+        ("pending", at("2026-08-31"), at("2026-09-30")),
+        ("pending", at("2026-09-30"), at("2026-10-30")),
+        ("completed", at("2026-10-30"), at("2026-11-29")),
+    ]
+    for status in ("deferred", "abandoned"):  # stepped aside: the rest of history goes on
+        table.set_status([initial_slices(table.rows)[1]], status)
+        assert initial_slices(table.rows)[0].status == "pending"
+        assert sum(r.status in OPEN for r in initial_slices(table.rows)) == DEFAULT_AHEAD
+    rows = len(table.rows)
+    table.set_status([r for r in initial_slices(table.rows) if r.status in OPEN], "cancelled")
+    assert len(table.rows) == rows, "a cancelled owner gets nothing new"
+    assert not table.plan(TWO_YEARS, ACME, NOW + HOUR).added, "nor from a plan"
+    widened = table.plan(TWO_YEARS, ACME, NOW + HOUR, horizon=timedelta(days=800))
+    assert [r.job.mode for r in widened.added] == ["initial", "initial"], "until a backfill"
+
+
+def test_a_plan_tops_up_what_finishing_did_not() -> None:
+    """A status changed by hand from one that is not open (cancelled to completed), or a top-up
+    the database skipped, leaves fewer than `ahead` slices open: the next plan adds them."""
+    table = Table()
+    table.plan(TWO_YEARS, ACME, NOW)
+    table.set_status(initial_slices(table.rows)[-1:], "cancelled")
+    table.set_status(initial_slices(table.rows)[-1:], "completed")
+    existing = table.existing(ACME, TWO_YEARS)
+    assert existing.open_initial == 1
+    assert not settled(TWO_YEARS, existing, marks(TWO_YEARS, NOW))
+    (added,) = table.plan(TWO_YEARS, ACME, NOW).added
+    assert added.window == (at("2026-08-31"), at("2026-09-30"))
+
+
+def test_a_history_loads_completely_by_finishing_slices_newest_first() -> None:
+    table = Table()
+    table.plan(TWO_YEARS, ACME, NOW)
+    order = []
+    while opened := [r for r in initial_slices(table.rows) if r.status in OPEN]:
+        assert len(opened) <= DEFAULT_AHEAD
+        newest = opened[-1]
+        table.set_status([newest], "completed")
+        order.append(newest.job.window_start)
+    assert order == sorted(order, reverse=True), "newest first"
+    assert len(order) == 25
+    assert history_rows(table)[0][1] == at("2024-11-29")
+
+
+def test_a_changed_row_is_committed_before_a_slice_is_planned_under_it() -> None:
+    """While the database may top a history up under its row, a plan that changes the row plans
+    no slice beside it: the older slices come from a second transaction (or as slices finish)."""
+    existing = Existing(
+        oldest_initial_start=at("2026-09-30"),
+        oldest_initial_status="completed",
+        open_initial=0,
+        history_from=at("2024-11-29"),
+        history_slice=timedelta(days=30),
+        history_ahead=2,
+        coverage_end=NOW,
+    )
+    wider = missing(TWO_YEARS, ACME, existing, NOW, horizon=timedelta(days=800))
+    assert wider.history == History(at("2024-09-20"), timedelta(days=30), 2)
+    assert wider.deferred and not [j for j in wider.jobs if j.mode == "initial"]
+    shorter = missing(replace(TWO_YEARS, slice=timedelta(days=7)), ACME, existing, NOW)
+    assert shorter.history is not None and shorter.deferred
+    recorded = replace(existing, history_from=at("2024-09-20"))
+    assert missing(TWO_YEARS, ACME, recorded, NOW, horizon=timedelta(days=800)).history is None
+    # No row (an owner planned before schema 6): the database plans nothing for it yet.
+    unrecorded = replace(existing, history_from=None, history_slice=None, history_ahead=None)
+    backfill = missing(TWO_YEARS, ACME, unrecorded, NOW)
+    assert backfill.history is not None and not backfill.deferred
+    assert len([j for j in backfill.jobs if j.mode == "initial"]) == 2
+
+
+def test_a_lost_or_wrong_history_row_is_written_again() -> None:
+    table = Table()
+    table.plan(TWO_YEARS, ACME, NOW)
+    right = table.histories[("acme-us", "orders")]
+    for wrong in (replace(right, slice=timedelta(days=1)), replace(right, ahead=9), None):
+        if wrong is None:
+            del table.histories[("acme-us", "orders")]
+        else:
+            table.histories[("acme-us", "orders")] = wrong
+        existing = table.existing(ACME, TWO_YEARS)
+        assert not settled(TWO_YEARS, existing, marks(TWO_YEARS, NOW))
+        table.plan(TWO_YEARS, ACME, NOW)
+        assert table.histories[("acme-us", "orders")] == right
 
 
 def test_narrowing_the_horizon_adds_nothing_and_keeps_every_slice() -> None:

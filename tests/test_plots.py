@@ -24,7 +24,9 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.fixture
-def shops(app: SyncLane, db: psycopg.Connection, schema: str) -> SyncLane:
+def shops(
+    app: SyncLane, db: psycopg.Connection, schema: str, every_slice_planned: None
+) -> SyncLane:
     """Three accounts: acme-us loaded; acme-eu's newest slice failed, the next loaded; globex
     untouched."""
     orders_and_products(app, ACCOUNTS, horizon=120 * DAY)

@@ -46,7 +46,7 @@ def declare(app: SyncLane, owners: list[Owner]) -> SyncLane:
 
 
 @pytest.fixture
-def shops(app: SyncLane) -> SyncLane:
+def shops(app: SyncLane, every_slice_planned: None) -> SyncLane:
     declare(app, OWNERS)
     assert app.plan() == {"shops": 24}  # per owner: four slices, a refresh, products
     return app
@@ -246,7 +246,9 @@ STATE_OWNERS = [Owner(state) for state in STATES] + [Owner("stuck-newest")]
 
 
 @pytest.fixture
-def states(app: SyncLane, db: psycopg.Connection, schema: str) -> dict[str, list[dict[str, Any]]]:
+def states(
+    app: SyncLane, db: psycopg.Connection, schema: str, every_slice_planned: None
+) -> dict[str, list[dict[str, Any]]]:
     """Each account's four history slices (newest first) arranged into the state it is named
     after. Returns the slices as planned."""
     declare(app, STATE_OWNERS)

@@ -3,6 +3,8 @@
 Its one type, `sync` in queue `q`, records every page it is handed in <schema>.runs with the
 database's clock_timestamp() at the start and at the end, so that tests can check lanes and
 cursors from outside the process. Page n returns cursor n+1 until `pages` pages are done.
+With `"orders": true` in its settings it also serves the windowed type of
+tests/test_lazy_history.py (HISTORY: two years in 30-day slices), with the same handler.
 """
 
 from __future__ import annotations
@@ -115,7 +117,17 @@ def build(settings: dict[str, Any]) -> SyncLane:
                 raise Throttled(retry_after=throttle["retry_after"])
         return Page(str(page + 1) if page + 1 < pages else None, 1)
 
+    if settings.get("orders"):
+        queue.windowed("orders", **HISTORY)(handle)
     return app
+
+
+# The windowed type of tests/test_lazy_history.py: 25 history slices an owner, the oldest 10 days.
+HISTORY: dict[str, Any] = {
+    "horizon": timedelta(days=730),
+    "slice": timedelta(days=30),
+    "every": timedelta(days=1),
+}
 
 
 def main() -> None:

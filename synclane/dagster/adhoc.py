@@ -4,6 +4,7 @@
 # at definition time.
 from collections.abc import Sequence
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 from dagster import Config, JobDefinition, OpExecutionContext, Output, in_process_executor, job, op
 from pydantic import Field
@@ -12,6 +13,9 @@ from synclane.app import SyncLane
 from synclane.dagster.names import Names
 from synclane.hosting import through_outage
 from synclane.model import ConfigError, WindowedType
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 class BackfillConfig(Config):
@@ -94,7 +98,9 @@ def widen_history(
 ) -> tuple[int, float]:
     """Plan the older history slices of `queue`'s windowed types (or only `type`) back to
     `horizon_days`, for every connected owner or only `owners`. Existing slices never move.
-    Returns how many slices were added and how much of that history is loaded (percent)."""
+    Returns how many slices the wider horizon added to their histories (a history keeps only its
+    newest open slices as rows: most are planned as those finish, docs/planning.md) and how much
+    of that history is loaded (percent)."""
     windowed = [t.name for t in app.get_queue(queue).types.values() if isinstance(t, WindowedType)]
     if type is not None:
         app.get_queue(queue).job_type(type)
@@ -108,12 +114,19 @@ def widen_history(
     if isinstance(horizon_days, bool) or not horizon_days > 0:
         raise ConfigError(f"horizon_days={horizon_days!r} must be a number of days > 0, e.g. 730")
     horizon = timedelta(days=horizon_days)
+
+    def histories() -> "pd.DataFrame":
+        progress = app.progress(queue, type=type, limit=None)
+        progress = progress[progress["type"].isin(windowed)]
+        return progress if owners is None else progress[progress["owner"].isin(list(owners))]
+
+    before = histories()
     if owners is None:
-        added = app.plan(queue, horizon=horizon, type=type)[queue]
+        app.plan(queue, horizon=horizon, type=type)
     else:
-        added = sum(app.plan(queue, owner, horizon=horizon, type=type)[queue] for owner in owners)
-    progress = app.progress(queue, type=type, limit=None)
-    progress = progress[progress["type"].isin(windowed)]
+        for owner in owners:
+            app.plan(queue, owner, horizon=horizon, type=type)
+    progress = histories()
     if owners is not None:
         unknown = sorted(set(owners) - set(progress["owner"]))
         if unknown:
@@ -121,9 +134,9 @@ def widen_history(
                 f"owner(s) {', '.join(map(repr, unknown))} have no jobs in queue {queue!r}: they "
                 "are not connected (the planner plans only the owners its owner source returns)"
             )
-        progress = progress[progress["owner"].isin(list(owners))]
     total = int(progress["slices_total"].sum()) if len(progress) else 0
     done = int(progress["slices_completed"].sum()) if len(progress) else 0
+    added = total - (int(before["slices_total"].sum()) if len(before) else 0)
     return added, 100.0 if total == 0 else round(100.0 * done / total, 1)
 
 

@@ -445,7 +445,7 @@ def _first_load(row: Mapping[str, Any], history: Mapping[str, Any]) -> dict[str,
         state = None  # no history slices: manual jobs only
     elif completed == total:
         state = "loaded"
-    elif row["history_open"] == 0:
+    elif row["history_open"] == 0 and not history.get("slices_unplanned"):
         state = "cancelled"
     elif completed == 0:
         state = "connecting"

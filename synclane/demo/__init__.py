@@ -54,8 +54,8 @@ class Demo:
         self.app.close()
 
     def reset(self) -> None:
-        """Start the story again: forget the queue's jobs, the loaded rows and the shop's
-        memory (its access log and its healed fault)."""
+        """Start the story again: forget the queue's jobs (and how far back their histories
+        go), the loaded rows and the shop's memory (its access log and its healed fault)."""
         tables = ("orders", "products", "runs", "fetches", "faults")
         with self.app.connect() as conn, conn.transaction():
             conn.execute(
@@ -63,12 +63,13 @@ class Demo:
                     sql.SQL(", ").join(sql.Identifier(self.data_schema, t) for t in tables)
                 )
             )
-            conn.execute(
-                sql.SQL("DELETE FROM {} WHERE queue = %s").format(
-                    sql.Identifier(self.app.schema, "jobs")
-                ),
-                (QUEUE,),
-            )
+            for table in ("jobs", "histories"):
+                conn.execute(
+                    sql.SQL("DELETE FROM {} WHERE queue = %s").format(
+                        sql.Identifier(self.app.schema, table)
+                    ),
+                    (QUEUE,),
+                )
 
 
 def data_schema_for(schema: str) -> str:

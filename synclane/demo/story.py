@@ -62,7 +62,8 @@ class Story:
             return
         self.say(
             f"planned {planned} jobs for 4 accounts: each account's products first, then its "
-            "orders newest first (a refresh, then 30-day history slices back 120 days)"
+            "orders newest first (a refresh, then 30-day history slices back 120 days, the "
+            "next one planned as each finishes)"
         )
         self.say(
             "acme-us and acme-eu share the lane acme: never two requests for them at once; "

@@ -194,27 +194,30 @@ def widen_history(
 ) -> int:
     """Plan the older history slices of a windowed type back to `horizon`, for every connected
     owner or only `owners`. Existing slices never move; only missing older ones are added.
-    Returns how many jobs were added."""
+    Returns how many slices the wider horizon added to their histories: a history keeps only its
+    newest open slices as rows, so most of them are planned as the open ones finish
+    (docs/planning.md, lazy history)."""
     job_type = app.get_queue(queue).job_type(type)
     if not isinstance(job_type, WindowedType):
         raise ConfigError(
             f"{queue}.{type} is a snapshot type: it has no history to widen; a backfill needs a "
             "windowed type"
         )
+    if owners is not None:
+        connected = {owner.id for owner in app.connected_owners(queue)}
+        unknown = [owner for owner in owners if owner not in connected]
+        if unknown:
+            known = ", ".join(sorted(connected)[:10]) or "none"
+            raise ConfigError(
+                f"owner(s) {', '.join(map(repr, unknown))} are not connected in queue {queue!r} "
+                f"(connected: {known}); the planner only plans connected owners"
+            )
+    before = slices(progress_rows(app, queue, owners=owners, type=type))[1]
     if owners is None:
-        return app.plan(queue, horizon=horizon, type=type)[queue]
-    connected = {owner.id for owner in app.connected_owners(queue)}
-    unknown = [owner for owner in owners if owner not in connected]
-    if unknown:
-        known = ", ".join(sorted(connected)[:10]) or "none"
-        raise ConfigError(
-            f"owner(s) {', '.join(map(repr, unknown))} are not connected in queue {queue!r} "
-            f"(connected: {known}); the planner only plans connected owners"
-        )
-    added = 0
-    for owner in owners:
-        added += app.plan(queue, owner, horizon=horizon, type=type)[queue]
-    return added
+        app.plan(queue, horizon=horizon, type=type)
+    for owner in owners or ():
+        app.plan(queue, owner, horizon=horizon, type=type)
+    return slices(progress_rows(app, queue, owners=owners, type=type))[1] - before
 
 
 @dataclass(frozen=True)

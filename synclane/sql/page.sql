@@ -144,21 +144,31 @@ ORDER BY r.severity,
 LIMIT %(limit)s OFFSET %(offset)s;
 
 -- name: page_history
--- the first load (history slices) of the given owners and types: how many slices, how many
--- loaded, the records and the span loaded; looks each owner up in the per-owner unique index,
--- so it reads only those owners' rows
-SELECT a.queue, a.owner, a.type,
-       count(j.id) AS slices_total,
-       count(j.id) FILTER (WHERE j.status = 'completed') AS slices_completed,
-       count(j.id) FILTER (WHERE j.status IN ('failed', 'deferred', 'abandoned'))
-           AS slices_failed,
-       coalesce(sum(j.processed_count), 0)::bigint AS records,
-       min(j.window_start) FILTER (WHERE j.status = 'completed') AS loaded_from,
-       max(j.window_end) FILTER (WHERE j.status = 'completed') AS loaded_to
-FROM unnest(%(queues)s::text[], %(owners)s::text[], %(types)s::text[]) AS a(queue, owner, type)
-LEFT JOIN {schema}.jobs j
-       ON j.queue = a.queue AND j.owner = a.owner AND j.type = a.type AND j.mode = 'initial'
-GROUP BY a.queue, a.owner, a.type;
+-- the first load (history slices) of the given owners and types: how many slices (those not
+-- planned yet counted from the histories row, slices_to_plan, as progress() does), how many
+-- loaded, the records and the span loaded; looks each owner up in the per-owner unique index, so
+-- it reads only those owners' rows
+SELECT c.queue, c.owner, c.type, c.rows_total + n AS slices_total,
+       CASE WHEN c.stopped THEN 0 ELSE n END AS slices_unplanned,
+       c.slices_completed, c.slices_failed, c.records, c.loaded_from, c.loaded_to
+FROM (
+    SELECT a.queue, a.owner, a.type,
+           count(j.id) AS rows_total,
+           count(j.id) FILTER (WHERE j.status = 'completed') AS slices_completed,
+           count(j.id) FILTER (WHERE j.status IN ('failed', 'deferred', 'abandoned'))
+               AS slices_failed,
+           coalesce(sum(j.processed_count), 0)::bigint AS records,
+           min(j.window_start) FILTER (WHERE j.status = 'completed') AS loaded_from,
+           max(j.window_end) FILTER (WHERE j.status = 'completed') AS loaded_to,
+           min(j.window_start) AS history_start,
+           -- the oldest slice was cancelled (the owner was): nothing more is planned for it
+           min(j.window_start) FILTER (WHERE j.status = 'cancelled') = min(j.window_start)
+               AS stopped
+    FROM unnest(%(queues)s::text[], %(owners)s::text[], %(types)s::text[]) AS a(queue, owner, type)
+    LEFT JOIN {schema}.jobs j
+           ON j.queue = a.queue AND j.owner = a.owner AND j.type = a.type AND j.mode = 'initial'
+    GROUP BY a.queue, a.owner, a.type
+) AS c, {schema}.slices_to_plan(c.queue, c.owner, c.type, c.history_start) AS n;
 
 -- name: page_lanes
 -- the busiest lanes first: those running a job, then those with most jobs waiting; at most

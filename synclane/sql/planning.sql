@@ -6,18 +6,23 @@
 
 -- name: plan_read
 -- what exists per owner and type, each answer one index lookup, so history never slows it down;
--- with the lane the owners table plans the owner into (NULL for an owner it does not know)
+-- with the lane the owners table plans the owner into (NULL for an owner it does not know) and
+-- the histories row of a windowed type (NULL columns: none)
 SELECT
     o.owner,
     t.type,
     now() AS now,
     r.lane,
-    CASE WHEN t.windowed THEN (
-        SELECT j.window_start FROM {schema}.jobs j
+    oldest.window_start AS oldest_initial_start,
+    oldest.status AS oldest_initial_status,
+    CASE WHEN oldest.window_start IS NOT NULL THEN (
+        SELECT count(*) FROM {schema}.jobs j
         WHERE j.queue = %(queue)s AND j.owner = o.owner AND j.type = t.type AND j.mode = 'initial'
-          AND j.window_end IS NOT NULL
-        ORDER BY j.window_end LIMIT 1
-    ) END AS oldest_initial_start,
+          AND j.status IN ('pending', 'running', 'failed')
+    ) ELSE 0 END AS open_initial,
+    h.history_from,
+    h.slice AS history_slice,
+    h.ahead AS history_ahead,
     CASE WHEN t.windowed THEN (
         SELECT max(j.window_end) FROM {schema}.jobs j
         WHERE j.queue = %(queue)s AND j.owner = o.owner AND j.type = t.type
@@ -51,13 +56,22 @@ SELECT
     ) AS open_any
 FROM unnest(%(owners)s::text[]) AS o (owner)
 LEFT JOIN {schema}.owners r ON r.queue = %(queue)s AND r.owner = o.owner
-CROSS JOIN unnest(%(types)s::text[], %(windowed)s::boolean[]) AS t (type, windowed);
+CROSS JOIN unnest(%(types)s::text[], %(windowed)s::boolean[]) AS t (type, windowed)
+LEFT JOIN LATERAL (
+    SELECT j.window_start, j.status FROM {schema}.jobs j
+    WHERE t.windowed AND j.queue = %(queue)s AND j.owner = o.owner AND j.type = t.type
+      AND j.mode = 'initial' AND j.window_end IS NOT NULL
+    ORDER BY j.window_end LIMIT 1
+) AS oldest ON true
+LEFT JOIN {schema}.histories h
+    ON t.windowed AND h.queue = %(queue)s AND h.owner = o.owner AND h.type = t.type;
 
 -- name: unsettled_owners
 -- the owners of a batch that explicit planning must read: those the owners table does not know,
 -- knows in another lane or has not planned, and those with a type whose rows fail the test of
--- synclane.planning.settled (oldest slice not back to the limit; coverage neither current nor
--- this period's refresh, and no refresh open; a snapshot neither taken this period nor open).
+-- synclane.planning.settled (history neither back to its limit, nor cancelled, nor recorded as
+-- the type says with `ahead` slices open; coverage neither current nor this period's refresh, and
+-- no refresh open; a snapshot neither taken this period nor open).
 -- Each fact is one index lookup, taken only when the ones before did not decide; the rows
 -- themselves are the truth, so a job a user deleted or changed is seen at once. The others are
 -- settled: nothing is missing for them, and nothing of theirs leaves the database. (The names
@@ -74,15 +88,37 @@ FROM (
             FROM unnest(
                 %(types)s::text[], %(windowed)s::boolean[], %(history_from)s::timestamptz[],
                 %(period_from)s::timestamptz[], %(period_to)s::timestamptz[],
-                %(covered_to)s::timestamptz[]
-            ) AS t (type, windowed, history_from, period_from, period_to, covered_to)
+                %(covered_to)s::timestamptz[], %(slices)s::interval[], %(aheads)s::integer[]
+            ) AS t (type, windowed, history_from, period_from, period_to, covered_to, slice, ahead)
             WHERE NOT CASE
                 WHEN t.windowed THEN CASE
                     WHEN NOT coalesce((
-                        SELECT j.window_start <= t.history_from FROM {schema}.jobs j
-                        WHERE j.queue = %(queue)s AND j.owner = o.owner AND j.type = t.type
-                          AND j.mode = 'initial' AND j.window_end IS NOT NULL
-                        ORDER BY j.window_end LIMIT 1
+                        SELECT CASE
+                            -- back to its limit (least() passes over a missing row's NULL)
+                            WHEN x.window_start <= least(h.history_from, t.history_from) THEN true
+                            -- no row yet, or a wider horizon to record
+                            WHEN h.history_from IS NULL OR t.history_from < h.history_from
+                                THEN false
+                            WHEN x.status = 'cancelled' THEN true
+                            WHEN h.slice <> t.slice OR h.ahead <> t.ahead THEN false
+                            ELSE (
+                                SELECT count(*) FROM (
+                                    SELECT FROM {schema}.jobs j
+                                    WHERE j.queue = %(queue)s AND j.owner = o.owner
+                                      AND j.type = t.type AND j.mode = 'initial'
+                                      AND j.status IN ('pending', 'running', 'failed')
+                                    LIMIT t.ahead
+                                ) AS open
+                            ) >= t.ahead
+                        END
+                        FROM (
+                            SELECT j.window_start, j.status FROM {schema}.jobs j
+                            WHERE j.queue = %(queue)s AND j.owner = o.owner AND j.type = t.type
+                              AND j.mode = 'initial' AND j.window_end IS NOT NULL
+                            ORDER BY j.window_end LIMIT 1
+                        ) AS x
+                        LEFT JOIN {schema}.histories h
+                            ON h.queue = %(queue)s AND h.owner = o.owner AND h.type = t.type
                     ), false) THEN false
                     WHEN coalesce((
                         SELECT j.window_end >= t.covered_to
@@ -151,6 +187,22 @@ JOIN unnest(
 LEFT JOIN {schema}.lanes l ON l.queue = %(queue)s AND l.lane = o.lane
 ORDER BY o.owner, s.type, s.key
 ON CONFLICT (queue, owner, type, dedup_key) DO NOTHING;
+
+-- name: record_histories
+-- how far back these owners' histories go, their slice and how many open slices to keep
+-- planned (the rows the database plans each next older slice under, plan_older_slices), written
+-- in the planner's transaction before its insert; a history is never shortened (the older
+-- history_from stays). Rows are written in one order, so two planners never wait in a circle
+INSERT INTO {schema}.histories AS h (queue, owner, type, history_from, slice, ahead)
+SELECT %(queue)s, r.owner, r.type, r.history_from, r.slice, r.ahead
+FROM unnest(
+    %(owners)s::text[], %(types)s::text[], %(froms)s::timestamptz[], %(slices)s::interval[],
+    %(aheads)s::integer[]
+) AS r (owner, type, history_from, slice, ahead)
+ORDER BY r.owner, r.type
+ON CONFLICT (queue, owner, type) DO UPDATE
+SET history_from = least(h.history_from, excluded.history_from), slice = excluded.slice,
+    ahead = excluded.ahead;
 
 -- name: known_owners
 -- what the owners table knows of these owners: the lane their jobs are planned into and whether

@@ -34,9 +34,10 @@ LIMIT %(limit)s;
 -- and type. Counts from the history index alone (jobs_history) in owner order, so a limit stops
 -- the walk; reads rows only for what that index leaves out (the errors of failed and deferred
 -- slices; the newest slice not loaded below the newest loaded one, when that is not the slice
--- next to it). Refreshes never count. Asked only for states other than 'loaded', it counts only
--- the owners that have a slice of a status such a state needs (jobs_history_unloaded, and the
--- running jobs)
+-- next to it). The slices not planned yet are counted from the histories row (slices_to_plan,
+-- one lookup per owner and type). Refreshes never count. Asked only for states other than
+-- 'loaded', it counts only the owners that have a slice of a status such a state needs
+-- (jobs_history_unloaded, and the running jobs)
 WITH history AS (
     SELECT owner, type, status, processed_count, window_start, window_end, next_run_at,
            started_at, completed_at
@@ -67,9 +68,9 @@ WITH history AS (
 ),
 counted AS (
     SELECT owner, type,
-           count(*) AS slices_total,
+           count(*) AS rows_total,
            count(*) FILTER (WHERE status = 'completed') AS slices_completed,
-           count(*) FILTER (WHERE status IN ('pending', 'running')) AS slices_open,
+           count(*) FILTER (WHERE status IN ('pending', 'running')) AS open_rows,
            count(*) FILTER (WHERE status IN ('failed', 'deferred')) AS slices_retrying,
            count(*) FILTER (WHERE status = 'abandoned') AS slices_abandoned,
            -- nothing but a throttle leaves a pending job waiting (it pushes every open job of
@@ -83,9 +84,18 @@ counted AS (
                AS recent_slices,
            min(started_at) FILTER (WHERE status = 'completed' AND completed_at > now() - %(recent)s)
                AS recent_since,
-           max(completed_at) FILTER (WHERE status = 'completed') AS last_completed_at
+           max(completed_at) FILTER (WHERE status = 'completed') AS last_completed_at,
+           -- the oldest slice was cancelled (the owner was): nothing more is planned for it
+           min(window_start) FILTER (WHERE status = 'cancelled') = min(window_start) AS stopped
     FROM history
     GROUP BY owner, type
+),
+planned AS (
+    -- the slices not planned yet wait like open ones, unless the history was stopped: then
+    -- they count as cancelled, as the rows of a history planned before schema 6 do
+    SELECT c.*, rows_total + n AS slices_total,
+           open_rows + CASE WHEN stopped THEN 0 ELSE n END AS slices_open
+    FROM counted c, {schema}.slices_to_plan(%(queue)s, owner, type, history_start) AS n
 ),
 stated AS (
     SELECT c.*,
@@ -109,7 +119,7 @@ stated AS (
                         AND g.window_end <= c.coverage_end
                         AND g.mode = 'initial' AND g.status <> 'completed'
                       ORDER BY g.window_end DESC LIMIT 1) END AS gap_end
-    FROM counted c
+    FROM planned c
     -- a failed or deferred slice fails the owner, unless it failed with a throttle: read those
     -- few rows for their errors
     LEFT JOIN LATERAL (
@@ -146,6 +156,22 @@ SELECT count(*) FILTER (WHERE status <> 'abandoned') AS open,
 FROM {schema}.jobs
 WHERE queue = ANY (%(queues)s::text[])
   AND status IN ('pending', 'running', 'failed', 'deferred', 'abandoned');
+
+-- name: history_to_plan
+-- how many history slices of these queues are not planned yet (slices_to_plan of each histories
+-- row, back from its oldest slice; none for a history whose oldest slice was cancelled): what a
+-- progress bar adds to the open jobs. One lookup per histories row, so the bar reads it seldom
+-- on a large table (synclane.terminal.JobsBar)
+SELECT coalesce(sum({schema}.slices_to_plan(h.queue, h.owner, h.type, o.window_start)), 0)::bigint
+    AS slices
+FROM {schema}.histories h
+CROSS JOIN LATERAL (
+    SELECT j.window_start, j.status FROM {schema}.jobs j
+    WHERE j.queue = h.queue AND j.owner = h.owner AND j.type = h.type AND j.mode = 'initial'
+      AND j.window_end IS NOT NULL
+    ORDER BY j.window_end LIMIT 1
+) AS o
+WHERE h.queue = ANY (%(queues)s::text[]) AND o.status <> 'cancelled';
 
 -- name: failures
 -- open failures grouped by cause (the error's first line, numbers and ids masked), aggregated in

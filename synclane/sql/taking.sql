@@ -767,10 +767,19 @@ FROM {schema}.jobs
 WHERE queue = ANY (%(queues)s::text[]) AND status IN ('pending', 'running', 'failed', 'deferred');
 
 -- name: first_load_finished
--- whether every history slice of an owner and type has completed (asked after one completes,
--- only when someone listens to events)
+-- whether every history slice of an owner and type has completed, and none is left to plan (its
+-- oldest slice reaches its histories row's history_from, or it has none); asked after one
+-- completes, only when someone listens to events
 SELECT NOT EXISTS (
     SELECT 1 FROM {schema}.jobs
     WHERE queue = %(queue)s AND owner = %(owner)s AND type = %(type)s AND mode = 'initial'
       AND status <> 'completed'
+) AND NOT EXISTS (
+    SELECT 1 FROM {schema}.histories h
+    WHERE h.queue = %(queue)s AND h.owner = %(owner)s AND h.type = %(type)s
+      AND h.history_from < (
+          SELECT j.window_start FROM {schema}.jobs j
+          WHERE j.queue = %(queue)s AND j.owner = %(owner)s AND j.type = %(type)s
+            AND j.mode = 'initial' AND j.window_end IS NOT NULL
+          ORDER BY j.window_end LIMIT 1)
 ) AS finished;
