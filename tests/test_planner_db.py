@@ -521,3 +521,49 @@ def test_planning_an_unknown_queue_or_type_is_a_config_error(app, db, schema):
     with pytest.raises(ConfigError, match="'nope'"):
         app.plan("shops", type="nope")
     assert count(db, schema) == 0
+
+
+def test_the_comparison_reads_each_owner_by_key_not_every_owner_of_the_queue(app, db, schema):
+    """app.plan() compares a batch with the owners table by primary key, one lookup an owner:
+    a plan that read the queue's whole owners table for every batch of 5,000 cost a read of the
+    fleet per batch (at a million owners, 200 reads of a million rows)."""
+    shops = windowed_app(app, [Owner("o1")], horizon=90 * DAY).catalog.get("shops")
+    owners = sql.Identifier(schema, "owners")
+    db.execute(
+        sql.SQL(
+            "INSERT INTO {} (queue, owner, lane, planned)"
+            " SELECT 'shops', 'owner-' || n, 'owner-' || n, true FROM generate_series(1, 50000) n"
+        ).format(owners)
+    )
+    db.execute(sql.SQL("ANALYZE {}").format(owners))
+    batch = [f"owner-{n}" for n in range(1, 5001)]
+    now = database_now(db)
+    job_type = shops.job_type("orders")
+    mark = marks(job_type, now, None, 2)
+    params = {
+        "queue": "shops",
+        "owners": batch,
+        "lanes": batch,
+        "types": ["orders"],
+        "windowed": [True],
+        "history_from": [mark.history_from],
+        "period_from": [mark.period_from],
+        "period_to": [mark.period_to],
+        "covered_to": [mark.covered_to],
+        "slices": [mark.slice],
+        "aheads": [mark.ahead],
+    }
+    statement = sql.SQL("EXPLAIN (ANALYZE, COSTS OFF, FORMAT JSON) ") + Store(schema).query(
+        "unsettled_owners"
+    )
+    (plan,) = db.execute(statement, params).fetchone()
+
+    def nodes(node: dict) -> list[dict]:
+        return [node] + [n for child in node.get("Plans", []) for n in nodes(child)]
+
+    owner_reads = [n for n in nodes(plan[0]["Plan"]) if n.get("Relation Name") == "owners"]
+    assert owner_reads, "the comparison must look the batch up in the owners table"
+    for read in owner_reads:
+        assert read["Node Type"] in ("Index Scan", "Index Only Scan"), read
+        # one row a lookup, not the fleet filtered
+        assert read["Actual Rows"] <= 1, read

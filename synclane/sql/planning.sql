@@ -154,12 +154,15 @@ FROM (
             END
         ) AS unsettled
     FROM unnest(%(owners)b::text[], %(lanes)b::text[]) AS o (owner, lane)
-    -- the batch's rows of the owners table, found by primary key (a plain join would read
-    -- every owner of the queue for each batch)
-    LEFT JOIN (
-        SELECT r.owner, r.lane, r.planned FROM {schema}.owners r
-        WHERE r.queue = %(queue)s AND r.owner = ANY (%(owners)b::text[])
-    ) AS r ON r.owner = o.owner
+    -- each owner's row of the owners table, looked up by primary key (LIMIT keeps PostgreSQL
+    -- from turning the lookup into a join): a join, or a filter by the batch's names, was
+    -- planned as a read of every owner of the queue for each batch, a cost that grew with the
+    -- square of the fleet
+    LEFT JOIN LATERAL (
+        SELECT r.lane, r.planned FROM {schema}.owners r
+        WHERE r.queue = %(queue)s AND r.owner = o.owner
+        LIMIT 1
+    ) AS r ON true
 ) AS batch
 WHERE known_lane IS DISTINCT FROM lane OR NOT planned OR cardinality(unsettled) > 0;
 
