@@ -11,6 +11,7 @@ nothing and every job below is found, or not, by a look lane by lane."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 import time
 from collections.abc import Iterator
@@ -525,3 +526,32 @@ def test_the_documented_query_lists_a_hidden_job_and_nothing_else(
         ).format(table(schema, "lanes"))
     )
     assert [row[0] for row in db.execute(hidden)] == [later]
+
+
+def test_a_short_poll_interval_runs_the_chores_at_most_once_a_second(
+    dsn: str, db: psycopg.Connection[Any], schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The mend and the reclaim are five round trips a round: a poll_interval of 0.05 s makes
+    the slots ask twenty times a second, not the chores (CHORE_SPACING). They still run, and
+    the wakes of new jobs are still folded into hints."""
+    from synclane.worker import Worker
+
+    rounds: list[float] = []
+    mend = Worker._mend_lanes
+
+    async def counted(self: Worker, queue: Any) -> int:
+        rounds.append(time.monotonic())
+        return await mend(self, queue)
+
+    monkeypatch.setattr(Worker, "_mend_lanes", counted)
+    app = SyncLane(dsn, schema=schema, poll_interval=0.05)
+    app.queue("q", concurrency=1).snapshot("sync", every=DAY)(lambda job: Page(None, 1))
+    for n in range(5):
+        app.enqueue("q", f"o{n}", "sync", lane=f"l{n}", dedup_key=f"k{n}")
+    with running_worker(app):
+        time.sleep(3.2)
+    spans = [later - earlier for earlier, later in itertools.pairwise(rounds)]
+    assert 3 <= len(rounds) <= 5, rounds
+    assert min(spans) >= 0.95, spans
+    wakes = sql.SQL("SELECT count(*) FROM {}").format(table(schema, "lane_wakes"))
+    assert db.execute(wakes).fetchone() == (0,)

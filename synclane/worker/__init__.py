@@ -50,6 +50,12 @@ CONNECTION_WAIT = 3.0
 # How many lanes' wakes one mend_lanes statement turns into hints (a first plan of many owners
 # wakes a lane each: they are folded in statements of this size, one after the other).
 FOLD_BATCH = 5000
+# The shortest time between two rounds of a worker's chores (the lanes' mend, the reclaim of
+# expired leases, the release of expired holds): every poll_interval, but no more often than
+# this. Each round is five round trips; at a poll_interval of 0.05 s they were a fifth of a busy
+# worker's statements and a tenth of the CPU a job cost (docs/performance.md), for leases
+# that last minutes. Instant pickup comes from notifications, not from these rounds.
+CHORE_SPACING = 1.0
 
 
 class Wake(asyncio.Event):
@@ -576,4 +582,4 @@ class Worker:
                     self._emit("reclaimed", job, status=row["status"], error=row["error"])
                 if rows or freed or woken:
                     self._nudge()
-            await self._pause(self.poll_interval.total_seconds())
+            await self._pause(max(self.poll_interval.total_seconds(), CHORE_SPACING))
