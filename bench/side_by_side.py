@@ -20,6 +20,13 @@ spends each job's time in that statement and in its page: with 8 slots, jobs/s i
 8 ÷ (statement + page). In step the page takes nothing, so out of step ÷ in step cannot exceed
 statement ÷ (statement + page). The run prints that ceiling from the in-step rate and the mean
 time an `asyncio.sleep` of 0–2 ms takes here (the event loop wakes in whole milliseconds).
+
+Jobs per second move with whatever else the machine runs; the CPU each job costs moves much less.
+So every in-step run is also counted in CPU milliseconds a job: the workers' (each run is a
+process of its own, its worker processes included) and the server's (where PostgreSQL runs on
+this machine: the postmaster's processes, those it has reaped included, read from /proc; every
+other database of that server counts too, so a server of its own gives the clean figure), and
+the commits and WAL bytes a job.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ import argparse
 import asyncio
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -64,6 +72,69 @@ def worktree(commit: str) -> Path:
             capture_output=True,
         )
     return place
+
+
+def postmaster(dsn: str) -> int | None:
+    """The process id of the server's postmaster where it runs on this machine, else None."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        backend = conn.info.backend_pid
+        try:
+            stat = Path(f"/proc/{backend}/stat").read_text()
+        except OSError:
+            return None
+    parent = int(stat.rsplit(")", 1)[1].split()[1])
+    return parent if Path(f"/proc/{parent}").is_dir() else None
+
+
+def server_cpu(pid: int | None) -> float:
+    """CPU seconds of the postmaster, its reaped backends and its live children (0.0 when the
+    server is not on this machine)."""
+    if pid is None:
+        return 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # ended meanwhile: its parent has reaped it, counted there
+        own, parent = int(entry.name), int(fields[1])
+        if own == pid:
+            total += sum(int(x) for x in fields[11:15]) / tick
+        elif parent == pid:
+            total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
+def database_totals(dsn: str) -> tuple[int, int]:
+    """(commits of the bench's database, the server's WAL position in bytes)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT xact_commit, pg_current_wal_lsn() - '0/0'::pg_lsn "
+            "FROM pg_stat_database WHERE datname = current_database()"
+        ).fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1])
+
+
+def costs_of(dsn: str, jobs: int, run: Callable[[], float]) -> tuple[float, dict[str, float]]:
+    """`run`'s jobs/s, and what each job cost: the workers' and the server's CPU milliseconds,
+    commits and WAL bytes."""
+    pid = postmaster(dsn)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    server, (commits, wal) = server_cpu(pid), database_totals(dsn)
+    rate = run()
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    server_after, (commits_after, wal_after) = server_cpu(pid), database_totals(dsn)
+    workers = after.ru_utime + after.ru_stime - children.ru_utime - children.ru_stime
+    return rate, {
+        "workers ms": workers * 1000 / jobs,
+        "server ms": (server_after - server) * 1000 / jobs if pid else float("nan"),
+        "commits": (commits_after - commits) / jobs,
+        "WAL bytes": (wal_after - wal) / jobs,
+    }
 
 
 def rate_at(place: Path, dsn: str, jobs: int, page_sleep: float) -> tuple[float, float]:
@@ -120,9 +191,20 @@ def main(against: str = REFERENCE, rounds: int = 4, jobs: int = 4000) -> list[st
         "this code out of step": [],
         "pgbench": [],
     }
+    # in step, each code runs in a process of its own, so that the CPU it costs is counted alike
+    costs: dict[str, list[dict[str, float]]] = {f"{against} in step": [], "this code in step": []}
+
+    def counted(name: str, at: Path) -> Callable[[], float]:
+        def run() -> float:
+            rate, cost = costs_of(dsn, jobs, lambda: rate_at(at, dsn, jobs, 0.0)[0])
+            costs[name].append(cost)
+            return rate
+
+        return run
+
     measures: dict[str, Callable[[], float]] = {
-        f"{against} in step": lambda: rate_at(place, dsn, jobs, 0.0)[0],
-        "this code in step": lambda: synclane_rate(dsn, jobs)[0],
+        f"{against} in step": counted(f"{against} in step", place),
+        "this code in step": counted("this code in step", ROOT),
         f"{against} out of step": lambda: rate_at(place, dsn, jobs, UNEVEN_PAGE)[0],
         "this code out of step": lambda: synclane_rate(dsn, jobs, page_sleep=UNEVEN_PAGE)[0],
     }
@@ -165,6 +247,13 @@ def main(against: str = REFERENCE, rounds: int = 4, jobs: int = 4000) -> list[st
         f"{statement * 1000:.2f} ms a statement (in step) ÷ ({statement * 1000:.2f} + "
         f"{page * 1000:.2f} ms a page) = {statement / (statement + page):.2f}",
         *(f"{name}: median {statistics.median(values):.0f}" for name, values in runs.items()),
+        *(
+            f"{name}, a job (median): "
+            + ", ".join(
+                f"{key} {statistics.median(cost[key] for cost in values):.3g}" for key in values[0]
+            )
+            for name, values in costs.items()
+        ),
     ]
     print(*lines, sep="\n")
     return lines
