@@ -6,7 +6,8 @@ Installing synclane (`pip install -e '.[dev]'`) registers the plugin; where plug
 loaded automatically (PYTEST_DISABLE_PLUGIN_AUTOLOAD) it is loaded here.
 
 The fixtures of this repository's own tests: `run` (the command line), `roles` (the roles of
-docs/operations.md) and `every_slice_planned` (a plan writes a whole history at once).
+docs/operations.md), `every_slice_planned` (a plan writes a whole history at once) and
+`prefect_server` (a temporary Prefect server).
 """
 
 from __future__ import annotations
@@ -29,6 +30,25 @@ def pytest_configure(config: pytest.Config) -> None:
     plugins = config.pluginmanager
     if not (plugins.has_plugin("synclane") or plugins.has_plugin("synclane.testing_plugin")):
         plugins.import_plugin("synclane.testing_plugin")
+
+
+@pytest.fixture(scope="session")
+def prefect_server() -> Iterator[str]:
+    """One temporary Prefect server (SQLite) for every test of this process that runs a flow
+    (tests/test_prefect.py and test_prefect_pool.py: with `--dist loadfile` on two workers, one
+    each); its API URL."""
+    from prefect.settings import (
+        PREFECT_API_URL,
+        PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS,
+        temporary_settings,
+    )
+    from prefect.testing.utilities import prefect_test_harness
+
+    with (
+        temporary_settings({PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS: 120}),
+        prefect_test_harness(server_startup_timeout=120),
+    ):
+        yield str(PREFECT_API_URL.value())
 
 
 @pytest.fixture
