@@ -233,8 +233,11 @@ class Operations:
         params = {"queue": q.name, "owner": owner, "type": type, "error": error}
         cancelled = self._changing("cancel_jobs", params)
         if cancelled:
+            # The stored text, not the raw one: a lone surrogate in a log line broke handlers
+            # that encode it (pytest-xdist's report of a test that captured it crashed a worker).
+            said = storable(reason)
             log.info(
-                "cancelled %d job(s) of %s in queue %s: %s", len(cancelled), owner, q.name, reason
+                "cancelled %d job(s) of %s in queue %s: %s", len(cancelled), owner, q.name, said
             )
         return len(cancelled)
 

@@ -125,14 +125,19 @@ def dsn(request: pytest.FixtureRequest) -> Iterator[str]:
         yield configured
         watch.close()
         return
-    from synclane.embedded import embedded_dsn
+    from synclane.embedded import embedded_dsn, stop
 
     with tempfile.TemporaryDirectory(prefix="synclane-test-pg-") as directory:
         data = Path(directory)
         found = embedded_dsn(data)
-        watch = request.config.stash[_WATCH] = ServerWatch(found, data)
-        yield found
-        watch.close()
+        try:
+            watch = request.config.stash[_WATCH] = ServerWatch(found, data)
+            yield found
+            watch.close()
+        finally:
+            # Stopped before its folder goes: a server whose files are removed under it is
+            # left to the wheel's exit handler, whose orderly stop then fails in a missing folder.
+            stop(data)
 
 
 @pytest.hookimpl(wrapper=True)

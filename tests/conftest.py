@@ -6,11 +6,13 @@ Installing synclane (`pip install -e '.[dev]'`) registers the plugin; where plug
 loaded automatically (PYTEST_DISABLE_PLUGIN_AUTOLOAD) it is loaded here.
 
 The fixtures of this repository's own tests: `run` (the command line), `roles` (the roles of
-docs/operations.md) and `every_slice_planned` (a plan writes a whole history at once).
+docs/operations.md), `every_slice_planned` (a plan writes a whole history at once) and
+`prefect_server` (a temporary Prefect server).
 """
 
 from __future__ import annotations
 
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,11 +26,68 @@ from servers import remove_unless_running
 
 from synclane import SyncLane, planning
 
+# Where PYTHONDONTWRITEBYTECODE is set (this machine sets it), pytest rewrote and compiled every
+# test module again in each xdist worker, about 3 s of CPU each: the test modules' bytecode is
+# written to tests/__pycache__ (as a plain `pytest` does), and each worker after the first reads it.
+sys.dont_write_bytecode = False
+
+# The test files that take longest, longest first (seconds on the two-core machine, measured with
+# `--durations=0 --junitxml`, 2026-12-03). `--dist loadfile` hands files to workers in the order
+# collected; with the long ones first no worker starts a long file when the others are done.
+LONGEST: dict[str, float] = {
+    "test_prefect.py": 160,
+    "test_prefect_server.py": 85,
+    "test_prefect_pool.py": 70,
+    "test_dagster.py": 65,
+    "test_dashboard_browser.py": 55,
+    "test_faults.py": 55,
+    "test_embedded.py": 50,
+    "test_flow_control.py": 45,
+    "test_dashboard_attacks.py": 45,
+    "test_lane_hints.py": 45,
+    "test_lanes_property.py": 40,
+    "test_promises.py": 40,
+    "test_docs.py": 35,
+    "test_bad_input.py": 30,
+    "test_dashboard.py": 30,
+    "test_pooler.py": 30,
+    "test_cli.py": 25,
+    "test_worker_processes.py": 25,
+    "test_wakeup.py": 20,
+}
+
 
 def pytest_configure(config: pytest.Config) -> None:
     plugins = config.pluginmanager
     if not (plugins.has_plugin("synclane") or plugins.has_plugin("synclane.testing_plugin")):
         plugins.import_plugin("synclane.testing_plugin")
+    # xdist would order files by their number of tests instead (its --loadscope-reorder)
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The longest test files first (LONGEST), each file's tests in their own order."""
+    items.sort(key=lambda item: -LONGEST.get(item.path.name, 0))
+
+
+@pytest.fixture(scope="session")
+def prefect_server() -> Iterator[str]:
+    """One temporary Prefect server (SQLite) for every test of this process that runs a flow
+    (tests/test_prefect.py and test_prefect_pool.py: with `--dist loadfile` on two workers, one
+    each); its API URL."""
+    from prefect.settings import (
+        PREFECT_API_URL,
+        PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS,
+        temporary_settings,
+    )
+    from prefect.testing.utilities import prefect_test_harness
+
+    with (
+        temporary_settings({PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS: 120}),
+        prefect_test_harness(server_startup_timeout=120),
+    ):
+        yield str(PREFECT_API_URL.value())
 
 
 @pytest.fixture

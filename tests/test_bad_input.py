@@ -9,6 +9,7 @@ tests/test_table.py. Here: a worker with create_schema=False refuses it too.)
 
 from __future__ import annotations
 
+import logging
 import math
 import uuid
 from collections.abc import Callable
@@ -410,14 +411,18 @@ def test_a_wrong_operation_argument_is_a_config_error_naming_it(
 
 
 def test_a_cancel_reason_keeps_what_text_can_hold(
-    shops: SyncLane, db: psycopg.Connection[Any], schema: str
+    shops: SyncLane, db: psycopg.Connection[Any], schema: str, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """In the table and in the log line alike: a lone surrogate logged raw crashed the xdist
+    worker whose report carried the captured line."""
     job_id = shops.enqueue("shops", "acme", "products")
-    assert shops.cancel("shops", "acme", "gone \x00for good \udc80; DROP TABLE jobs; --") == 1
-    assert (
-        job_row(db, schema, job_id)["error"]
-        == "Cancelled: gone for good \\udc80; DROP TABLE jobs; --"
-    )
+    with caplog.at_level(logging.INFO, logger="synclane"):
+        assert shops.cancel("shops", "acme", "gone \x00for good \udc80; DROP TABLE jobs; --") == 1
+    kept = "gone for good \\udc80; DROP TABLE jobs; --"
+    assert job_row(db, schema, job_id)["error"] == f"Cancelled: {kept}"
+    assert [r.getMessage() for r in caplog.records if "cancelled" in r.getMessage()] == [
+        f"cancelled 1 job(s) of acme in queue shops: {kept}"
+    ]
 
 
 # -- hostile strings ---------------------------------------------------------------------------

@@ -125,6 +125,19 @@ def test_two_processes_share_one_data_folder_and_the_last_to_go_stops_it(data: P
     assert _users(data) == []
 
 
+def test_letting_go_stops_the_server_at_once_and_its_watchdog_with_it(data: Path) -> None:
+    """stop() tells its watchdog that this process let go and lives on: the watchdog waited
+    for the process to end, 5 s at every stop (each test session pays it, and the tests that
+    start servers of their own)."""
+    embedded_dsn(data)
+    started = time.monotonic()
+    stop(data)
+    took = time.monotonic() - started
+    assert not _running(data)
+    assert _users(data) == []
+    assert took < 3, f"stop() took {took:.1f} s"
+
+
 @pytest.mark.parametrize(
     ("command", "how"),
     [("dashboard", "SIGTERM"), ("dashboard", "SIGHUP"), ("work", "SIGHUP")],

@@ -88,11 +88,14 @@ def drop_index(db: psycopg.Connection[Any], schema: str, name: str) -> None:
 # -- lanes wider than one ------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("jobs", [200, pytest.param(600, marks=pytest.mark.slow)])
 def test_a_lane_two_wide_runs_two_jobs_at_once_and_never_three(
-    dsn: str, schema: str, db: psycopg.Connection[Any]
+    dsn: str, schema: str, db: psycopg.Connection[Any], jobs: int
 ) -> None:
+    """Three lanes two wide, three processes; 200 jobs in the default run, the 600 of the first
+    version under `pytest -m slow`."""
     settings = prepare(dsn, schema, db, concurrency=8, lane_width=2, page_sleep=0.02)
-    run_jobs(db, settings, jobs=600, lanes=3, processes=3, spread=4)
+    run_jobs(db, settings, jobs=jobs, lanes=3, processes=3, spread=4)
     assert most_at_once(db, schema, per_lane=True) == 2
 
 

@@ -5,11 +5,13 @@ deployment is deleted while its run works.
 `prefect server start` runs in a process of its own (SQLite in a temporary PREFECT_HOME, a free
 port); `synclane serve` serves tests/prefect_app.py against it, as docs/prefect.md does.
 
-One thing is sped up: Prefect's engine renews a run's deployment concurrency lease every 225 s
-(three quarters of a hard-coded 300 s). The processes started here renew it every 3 s instead
-(a `sitecustomize` module sets `prefect.concurrency._leases._RENEWAL_FRACTION`), so that the
-renewal that finds the lease gone after a restart comes within seconds, not minutes. Nothing
-else differs from a day in production.
+Two things are sped up, by a `sitecustomize` module in the processes started here. Prefect's
+engine renews a run's deployment concurrency lease every 225 s (three quarters of a hard-coded
+300 s); here every 3 s (`prefect.concurrency._leases._RENEWAL_FRACTION`), so that the renewal
+that finds the lease gone after a restart comes within seconds, not minutes. And a work run that
+crashes gets a successor once it ran 10 s, not a minute
+(`synclane.prefect.lifecycle.CRASH_SUCCESSOR_AFTER`), so that the restart test need not let its
+run work a whole minute first. Nothing else differs from a day in production.
 """
 
 from __future__ import annotations
@@ -38,7 +40,6 @@ from prefect.client.schemas.objects import FlowRun
 from prefect.states import Cancelling
 
 from synclane import ConfigError, SyncLane
-from synclane.prefect.lifecycle import CRASH_SUCCESSOR_AFTER
 from synclane.prefect.runs import keep_work_runs
 
 pytestmark = [pytest.mark.prefect, pytest.mark.processes]
@@ -46,12 +47,21 @@ pytestmark = [pytest.mark.prefect, pytest.mark.processes]
 TESTS = Path(__file__).resolve().parent
 T = TypeVar("T")
 
-FAST_LEASES = """\
-# Written by tests/test_prefect_server.py: renew deployment concurrency leases every 3 s.
+# How long a work run must have run for a crash to start its successor, in these processes.
+CRASH_SUCCESSOR_AFTER = 10.0
+SPED_UP = f"""\
+# Written by tests/test_prefect_server.py: renew deployment concurrency leases every 3 s, and
+# give a crashed work run a successor once it ran {CRASH_SUCCESSOR_AFTER:.0f} s.
 try:
     import prefect.concurrency._leases as _leases
 
     _leases._RENEWAL_FRACTION = 0.01
+except ImportError:
+    pass
+try:
+    import synclane.prefect.lifecycle as _lifecycle
+
+    _lifecycle.CRASH_SUCCESSOR_AFTER = {CRASH_SUCCESSOR_AFTER}
 except ImportError:
     pass
 """
@@ -135,9 +145,9 @@ def serving(
     """`synclane --app prefect_app:app serve --name NAME` on the test's schema, with work runs
     of 300 s; the plan deployment is paused, so that every work run here is started by the
     test or by a run that asks for its successor. Stopped with Ctrl-C, as a person would."""
-    fast = home / "fast-leases"
+    fast = home / "sped-up"
     fast.mkdir(exist_ok=True)
-    (fast / "sitecustomize.py").write_text(FAST_LEASES)
+    (fast / "sitecustomize.py").write_text(SPED_UP)
     env = {
         **os.environ,
         "PREFECT_API_URL": server.url,
@@ -221,10 +231,10 @@ def test_work_resumes_by_itself_after_the_prefect_server_restarts(
             started = time.monotonic()
             eventually(in_second_page(lane), 120, "the work run to hold the slow job mid-page")
             holder = slow_job(lane)["leased_by"]
-            # A run that crashes within a minute of its start starts no successor (a run that
-            # crashes at every start would loop); after a real restart the crash comes at the
-            # next renewal, up to 225 s later. Here renewals come every 3 s: let the run work
-            # its minute first.
+            # A run that crashes within a minute of its start (10 s here) starts no successor
+            # (a run that crashes at every start would loop); after a real restart the crash
+            # comes at the next renewal, up to 225 s later. Here renewals come every 3 s: let
+            # the run work its 10 s first.
             time.sleep(max(0.0, CRASH_SUCCESSOR_AFTER + 2 - (time.monotonic() - started)))
             server.stop()
             time.sleep(2)

@@ -28,10 +28,10 @@ def _prepare(dsn: str, schema: str, db: psycopg.Connection[Any], **settings: Any
     return settings
 
 
-def _run_three_lanes(dsn: str, schema: str, db: psycopg.Connection[Any]) -> int:
+def _run_three_lanes(dsn: str, schema: str, db: psycopg.Connection[Any], jobs: int) -> int:
     settings = {"dsn": dsn, "schema": schema, "concurrency": 8, "page_sleep": 0.005}
     app = build(settings)
-    for number in range(600):
+    for number in range(jobs):
         app.enqueue("q", f"owner-{number % 6}", "sync", lane=f"lane-{number % 3}")
     app.close()
     # Jobs fall due one after another over a few seconds, so the best due job of a lane changes
@@ -42,8 +42,8 @@ def _run_three_lanes(dsn: str, schema: str, db: psycopg.Connection[Any]) -> int:
             sql.Identifier(schema, "jobs")
         )
     )
-    # Every job of the table, not 600 of them: a second round (the control below) adds 600 to the
-    # 600 the first one completed.
+    # Every job of the table, not `jobs` of them: a second round would add its jobs to those the
+    # first one completed.
     with worker_processes(settings, 3):
         wait_for(
             lambda: (
@@ -56,10 +56,17 @@ def _run_three_lanes(dsn: str, schema: str, db: psycopg.Connection[Any]) -> int:
     return count(db, OVERLAPS, schema)
 
 
-def test_a_lane_never_runs_two_jobs(dsn: str, schema: str, db: psycopg.Connection[Any]) -> None:
+# 200 jobs in the default run; the 600 of the first version under `pytest -m slow`.
+SIZES = [200, pytest.param(600, marks=pytest.mark.slow)]
+
+
+@pytest.mark.parametrize("jobs", SIZES)
+def test_a_lane_never_runs_two_jobs(
+    dsn: str, schema: str, db: psycopg.Connection[Any], jobs: int
+) -> None:
     _prepare(dsn, schema, db)
-    assert _run_three_lanes(dsn, schema, db) == 0
-    assert count(db, "SELECT count(DISTINCT job_id) FROM {runs}", schema) == 600
+    assert _run_three_lanes(dsn, schema, db, jobs) == 0
+    assert count(db, "SELECT count(DISTINCT job_id) FROM {runs}", schema) == jobs
 
 
 def test_without_the_lane_index_two_jobs_of_a_lane_overlap(

