@@ -73,7 +73,8 @@ def test_a_plan_with_nothing_new_reads_no_row_of_a_marked_owner(app, db, schema)
     of the owners table), whatever the owner's jobs and histories hold."""
     wait_until_away_from_a_period_edge(db, EVERY)
     names = [f"owner-{n}" for n in range(50)]
-    queue = shops(app, [Owner(n) for n in names], horizon=730 * DAY).catalog.get("shops")
+    fleet = [Owner(n) for n in names]
+    queue = shops(app, fleet, horizon=730 * DAY).catalog.get("shops")
     assert app.plan() == {"shops": 3 * len(names)}
     assert marked(db, schema) == set()
     assert app.plan() == {"shops": 0}  # compares every owner's rows, and marks them
@@ -112,6 +113,11 @@ def test_a_plan_with_nothing_new_reads_no_row_of_a_marked_owner(app, db, schema)
     assert read["owners"] == len(names), read
     assert read.get("jobs", 0) == 0 and read.get("histories", 0) == 0, read
     assert plan[0]["Plan"]["Actual Rows"] == 0, "nothing to plan, nothing to mark"
+
+    # A newcomer's first plan (a histories row written for the first time) ends no mark.
+    fleet.append(Owner("newcomer"))
+    assert app.plan() == {"shops": 3}
+    assert marked(db, schema) == set(names)
 
 
 def test_a_job_deleted_after_its_owner_was_marked_is_planned_again_by_the_next_plan(
@@ -191,6 +197,25 @@ def test_a_window_moved_by_hand_ends_the_marks(app, db, schema):
         )
     )
     assert app.plan() == {"shops": 1}
+
+
+def test_a_histories_row_changed_by_hand_ends_the_marks_and_is_written_again(app, db, schema):
+    wait_until_away_from_a_period_edge(db, EVERY)
+    shops(app, [Owner("acme")], horizon=730 * DAY)
+    app.plan()
+    app.plan()
+    assert marked(db, schema) == {"acme"}
+    history = one(db, "SELECT history_from FROM {histories}", schema)
+    db.execute(
+        sql.SQL("UPDATE {} SET history_from = history_from + interval '1 day'").format(
+            sql.Identifier(schema, "histories")
+        )
+    )
+    assert marked(db, schema) == set()
+    app.plan()
+    assert one(db, "SELECT history_from FROM {histories}", schema) == history
+    app.plan()
+    assert marked(db, schema) == {"acme"}  # marked again by the plan after the repair
 
 
 def test_a_deleted_histories_row_ends_the_marks_and_is_written_again(app, db, schema):

@@ -77,8 +77,8 @@ LEFT JOIN {schema}.histories h
 -- one open or this period's) is not tested: its mark is its lookup. With %(mark)s the statement
 -- also names the owners to mark (not `plan`), with the epoch read in this statement's snapshot,
 -- the one their rows were read in: those settled by every type for a reason that lasts until
--- `until` (this period's refresh or snapshot; history until midnight), or as long as a refresh
--- stays open (`open`).
+-- `until` (the end of the period, or midnight: this period's refresh or snapshot), or that lasts
+-- as long as a refresh stays open (`open`).
 -- Each fact is one index lookup, taken only when the ones before did not decide; the rows
 -- themselves are the truth, so a job a user deleted or changed is seen at once (the statement
 -- moves the epoch on, which ends every mark). The others are settled: nothing is missing for
@@ -142,10 +142,11 @@ FROM (
     ) AS known
     CROSS JOIN LATERAL (
         -- per type: 0 something may be missing; 1 settled, but by coverage ahead of now or a
-        -- snapshot job merely open (not marked); 2 settled while its refresh stays open (until
-        -- midnight); 3 settled until its period ends
+        -- snapshot job merely open (not marked); 2 settled while its refresh stays open; 3
+        -- settled until its period ends. A mark ends with the first period of the owner's types
+        -- to end, or at midnight
         SELECT coalesce(min(c.code), 3) AS code,
-               least(%(midnight)s, min(c.period_to) FILTER (WHERE c.code = 3)) AS until,
+               least(%(midnight)s, min(c.period_to)) AS until,
                coalesce(bool_or(c.code = 2), false) AS open
         FROM (
             SELECT t.period_to, CASE

@@ -659,9 +659,9 @@ ALTER TABLE {schema}.owners ADD COLUMN IF NOT EXISTS settled_open boolean NOT NU
 -- The plan epoch: one row. It changes with every DELETE or TRUNCATE of jobs (yours, a prune's),
 -- every UPDATE of jobs that sets a column the comparison reads to tell a settled owner (queue,
 -- owner, type, mode, window_start, window_end, dedup_key, created_at: the workers' statements set
--- none of them, so they pay nothing), and every DELETE of histories rows. A mark counts only
--- while the epoch is the one it was written under. Deleting the row turns marks off until the
--- next such statement writes it again.
+-- none of them, so they pay nothing), and every DELETE or UPDATE of histories rows. A mark
+-- counts only while the epoch is the one it was written under. Deleting the row turns marks off
+-- until the next such statement writes it again.
 CREATE TABLE IF NOT EXISTS {schema}.plan_epoch (
     one boolean PRIMARY KEY DEFAULT true CHECK (one),
     epoch uuid NOT NULL DEFAULT gen_random_uuid(),
@@ -695,5 +695,21 @@ CREATE TRIGGER jobs_unsettle_changed
 DROP TRIGGER IF EXISTS histories_unsettle_deleted ON {schema}.histories;
 CREATE TRIGGER histories_unsettle_deleted AFTER DELETE ON {schema}.histories
     FOR EACH STATEMENT EXECUTE FUNCTION {schema}.unsettle_owners();
+-- A histories row changed (a backfill, other settings, your UPDATE) ends the marks too; the
+-- planner's upsert of first rows changes none (an empty transition table), and so ends nothing.
+CREATE OR REPLACE FUNCTION {schema}.unsettle_owners_of_changed() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $unsettle$
+BEGIN
+    IF EXISTS (SELECT FROM changed) THEN
+        INSERT INTO {schema}.plan_epoch AS p (one) VALUES (true)
+        ON CONFLICT (one) DO UPDATE SET epoch = gen_random_uuid(), changed_at = now();
+    END IF;
+    RETURN NULL;
+END
+$unsettle$;
+DROP TRIGGER IF EXISTS histories_unsettle_changed ON {schema}.histories;
+CREATE TRIGGER histories_unsettle_changed AFTER UPDATE ON {schema}.histories
+    REFERENCING OLD TABLE AS changed
+    FOR EACH STATEMENT EXECUTE FUNCTION {schema}.unsettle_owners_of_changed();
 
 INSERT INTO {schema}.schema_version (version) VALUES (7) ON CONFLICT DO NOTHING;
