@@ -73,8 +73,8 @@ LEFT JOIN {schema}.histories h
 -- recorded as the type says with `ahead` slices open; coverage neither current nor this period's
 -- refresh, and no refresh open; a snapshot neither taken this period nor open). An owner marked
 -- settled (owners.settled_*: until a time not yet come, by these settings, in the plan epoch that
--- is current, and, for a mark that counts on an open refresh, while each windowed type still has
--- one open or this period's) is not tested: its mark is its lookup. With %(mark)s the statement
+-- is current, and, for a mark that counts on an open refresh, while each windowed type's newest
+-- window is still an open refresh or this period's) is not tested: its mark is its lookup. With %(mark)s the statement
 -- also names the owners to mark (not `plan`), with the epoch read in this statement's snapshot,
 -- the one their rows were read in: those settled by every type for a reason that lasts until
 -- `until` (the end of the period, or midnight: this period's refresh or snapshot), or that lasts
@@ -116,25 +116,17 @@ FROM (
                 AND (NOT r.settled_open OR NOT EXISTS (
                     SELECT FROM unnest(%(types)s::text[], %(windowed)s::boolean[],
                                        %(period_from)s::timestamptz[]) AS w (type, windowed, period_from)
-                    WHERE w.windowed AND NOT CASE
-                        -- a refresh open (a scalar subquery, one lookup: an EXISTS here was
-                        -- planned as a hash of every open refresh of the queue)
-                        WHEN (
-                            SELECT true FROM {schema}.jobs j
-                            WHERE j.queue = %(queue)s AND j.owner = o.owner AND j.type = w.type
-                              AND j.mode = 'recurring'
-                              AND j.status IN ('pending', 'running', 'failed')
-                            LIMIT 1
-                        ) THEN true
-                        -- or this period's refresh
-                        ELSE coalesce((
-                            SELECT j.mode = 'recurring' AND j.window_end >= w.period_from
-                            FROM {schema}.jobs j
-                            WHERE j.queue = %(queue)s AND j.owner = o.owner AND j.type = w.type
-                              AND j.window_end IS NOT NULL
-                            ORDER BY j.window_end DESC LIMIT 1
-                        ), false)
-                    END
+                    -- the newest window is a refresh still open, or this period's (one lookup in
+                    -- jobs_owner_window, whose choice no estimate of open rows can change)
+                    WHERE w.windowed AND NOT coalesce((
+                        SELECT j.mode = 'recurring' AND (
+                            j.window_end >= w.period_from
+                            OR j.status IN ('pending', 'running', 'failed'))
+                        FROM {schema}.jobs j
+                        WHERE j.queue = %(queue)s AND j.owner = o.owner AND j.type = w.type
+                          AND j.window_end IS NOT NULL
+                        ORDER BY j.window_end DESC LIMIT 1
+                    ), false)
                 )),
                 false
             ) AS marked
@@ -184,6 +176,9 @@ FROM (
                     ELSE coalesce((
                         SELECT CASE
                             WHEN j.mode = 'recurring' AND j.window_end >= t.period_from THEN 3
+                            -- the newest window, a refresh still open: what a mark checks
+                            WHEN j.mode = 'recurring'
+                                 AND j.status IN ('pending', 'running', 'failed') THEN 2
                             WHEN j.window_end >= t.covered_to THEN 1
                         END
                         FROM {schema}.jobs j
@@ -191,7 +186,7 @@ FROM (
                           AND j.window_end IS NOT NULL
                         ORDER BY j.window_end DESC LIMIT 1
                     ), (
-                        SELECT 2 FROM {schema}.jobs j
+                        SELECT 1 FROM {schema}.jobs j
                         WHERE j.queue = %(queue)s AND j.owner = o.owner AND j.type = t.type
                           AND j.mode = 'recurring'
                           AND j.status IN ('pending', 'running', 'failed')
