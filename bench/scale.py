@@ -4,12 +4,18 @@
                           [--prune-owners 1000] [--days 30] [--keep 7] [--costs 500]
                           [--lanes 100000] [--sdk-rows 10000000] [--sdk-owners 100000] [--smoke]
     python -m bench.scale --index-costs 20000
+    python -m bench.scale --explicit 100000
 
 - **Re-plan with nothing due** at each size: a worker's planning round when every owner was
   planned for the current period (the owners table and the jobs table hold every owner; the
   round reads neither). Goal: < 1 s at 1,000,000 owners, within 2× of 10,000.
 - **Planning a due period** at the largest size, on the same table: the round after a new
   period began, which plans one refresh for every owner.
+- **An explicit `app.plan()` with nothing new** at `--first` owners (two years of 30-day slices
+  each, a refresh every 15 minutes; bench.plan's table): after the first plan and one plan that
+  compares every owner and marks them settled (schema 7), the median of 5 plans, on top of
+  reading the owner source. Goal (issue 30): < 1 s at 100,000 owners, growing no faster than
+  the owners. `python -m bench.scale --explicit 100000` measures only that.
 - **First plan** of `--first` owners, each with a two-year history of 25 slices and a refresh, in
   a process of its own (the round a worker runs on an empty table): time, peak RSS and rows per
   owner (since schema 6 the newest slices only: lazy history). Goals: < 30 s and < 300 MiB at
@@ -197,6 +203,29 @@ def nothing_due(dsn: str, owners: int, then_due: bool = False) -> tuple[float, l
             )
         app.close()
     return median, lines
+
+
+# -- an explicit app.plan() with nothing new ------------------------------------------------------
+
+
+def explicit_plan(owners: int) -> list[str]:
+    """bench.plan's table of `owners` (two-year histories, lazy), its first plan, then the plan
+    that compares and marks every owner, then the median of 5 plans with nothing new."""
+    from bench import plan
+
+    dsn = bench_dsn()
+    with fresh_schema(dsn, "bench_explicit") as schema:
+        app = plan.build(dsn, schema, owners)
+        first, result = timed(app.plan)
+        source = plan.source_read(app)
+        marking, _ = timed(app.plan)
+        again, added = plan.replan(app)
+        app.close()
+    return [
+        f"explicit app.plan(), {owners:,} owners: first plan {first:.1f} s "
+        f"({result['shops']:,} rows); the plan that compares and marks every owner "
+        f"{marking * 1000:,.0f} ms; " + plan.nothing_new("nothing new", again, source, added)
+    ]
 
 
 # -- first plan --------------------------------------------------------------------------------
@@ -685,6 +714,7 @@ def main(
             " (goal ≤ 2)"
         )
     for measure in (
+        lambda: explicit_plan(first),
         lambda: first_plan_lines(first),
         lambda: insert_floor(dsn, max(first // 20, 10)),
         lambda: index_costs(dsn, max(first // 20, 10)),
@@ -748,6 +778,9 @@ if __name__ == "__main__":
     parser.add_argument(
         "--index-costs", type=int, metavar="OWNERS", help="only: what each index adds to an insert"
     )
+    parser.add_argument(
+        "--explicit", type=int, metavar="OWNERS", help="only: app.plan() with nothing new"
+    )
     args = parser.parse_args()
     if args.first_plan_child:
         first_plan_child(args.first_plan_child)
@@ -755,6 +788,8 @@ if __name__ == "__main__":
         first_plan_side_by_side(args.first_only, args.against, args.rounds)
     elif args.first_only:
         print(*first_plan_lines(args.first_only), sep="\n")
+    elif args.explicit:
+        print(*explicit_plan(args.explicit), sep="\n")
     elif args.index_costs:
         print(*index_costs(bench_dsn(), args.index_costs), sep="\n")
     elif args.smoke:

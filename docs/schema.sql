@@ -1,4 +1,4 @@
--- synclane schema, version 6. Every sync job is one row of "synclane".jobs.
+-- synclane schema, version 7. Every sync job is one row of "synclane".jobs.
 -- synclane applies this at start-up (SyncLane(..., create_schema=True)); teams that run their own
 -- migrations apply docs/schema.sql, which is this file rendered for the schema "synclane".
 -- Idempotent: every statement can run again without changing anything.
@@ -637,4 +637,79 @@ EXCEPTION WHEN lock_not_available OR serialization_failure OR deadlock_detected 
 END
 $older$;
 
-INSERT INTO "synclane".schema_version (version) VALUES (6) ON CONFLICT DO NOTHING;
+-- (Version 6 ends here.)
+
+-- Version 7: settled owners --------------------------------------------------------------------
+-- (docs/planning.md, "Settled owners: what an explicit plan remembers")
+-- app.plan() compares every owner the source names with its rows. An owner whose rows lacked
+-- nothing, for reasons that hold until a period of its types ends (or midnight), is marked
+-- settled in the owners table: until settled_until, under the settings it was checked with
+-- (settled_by), under the plan epoch it was checked in (settled_epoch), and (settled_open) while
+-- a refresh it counted on stays open.
+-- The next app.plan() skips such an owner's rows while all three still hold. The rows stay the
+-- truth: a mark is a cache that ends with its period, and any statement that may have removed
+-- what an owner was settled by moves the plan epoch on, which ends every mark at once.
+ALTER TABLE "synclane".owners ADD COLUMN IF NOT EXISTS settled_until timestamptz;
+ALTER TABLE "synclane".owners ADD COLUMN IF NOT EXISTS settled_epoch uuid;
+ALTER TABLE "synclane".owners ADD COLUMN IF NOT EXISTS settled_by text;
+-- the mark counts on a refresh still open (of an earlier period: no new one is planned while
+-- one is open), so it also ends when no refresh of a windowed type is open any more
+ALTER TABLE "synclane".owners ADD COLUMN IF NOT EXISTS settled_open boolean NOT NULL DEFAULT false;
+
+-- The plan epoch: one row. It changes with every DELETE or TRUNCATE of jobs (yours, a prune's),
+-- every UPDATE of jobs that sets a column the comparison reads to tell a settled owner (queue,
+-- owner, type, mode, window_start, window_end, dedup_key, created_at: the workers' statements set
+-- none of them, so they pay nothing), and every DELETE or UPDATE of histories rows. A mark
+-- counts only while the epoch is the one it was written under. Deleting the row turns marks off
+-- until the next such statement writes it again.
+CREATE TABLE IF NOT EXISTS "synclane".plan_epoch (
+    one boolean PRIMARY KEY DEFAULT true CHECK (one),
+    epoch uuid NOT NULL DEFAULT gen_random_uuid(),
+    changed_at timestamptz NOT NULL DEFAULT now()
+);
+INSERT INTO "synclane".plan_epoch DEFAULT VALUES ON CONFLICT DO NOTHING;
+
+-- Moves the plan epoch on; in the statement's transaction, so a comparison that does not see
+-- the statement's change does not see the new epoch either, and its marks end when it commits.
+-- It runs as the schema's owner, so that a role that may delete jobs needs no grant on
+-- plan_epoch.
+CREATE OR REPLACE FUNCTION "synclane".unsettle_owners() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $unsettle$
+BEGIN
+    INSERT INTO "synclane".plan_epoch AS p (one) VALUES (true)
+    ON CONFLICT (one) DO UPDATE SET epoch = gen_random_uuid(), changed_at = now();
+    RETURN NULL;
+END
+$unsettle$;
+DROP TRIGGER IF EXISTS jobs_unsettle_deleted ON "synclane".jobs;
+CREATE TRIGGER jobs_unsettle_deleted AFTER DELETE ON "synclane".jobs
+    FOR EACH STATEMENT EXECUTE FUNCTION "synclane".unsettle_owners();
+DROP TRIGGER IF EXISTS jobs_unsettle_truncated ON "synclane".jobs;
+CREATE TRIGGER jobs_unsettle_truncated AFTER TRUNCATE ON "synclane".jobs
+    FOR EACH STATEMENT EXECUTE FUNCTION "synclane".unsettle_owners();
+DROP TRIGGER IF EXISTS jobs_unsettle_changed ON "synclane".jobs;
+CREATE TRIGGER jobs_unsettle_changed
+    AFTER UPDATE OF queue, owner, type, mode, window_start, window_end, dedup_key, created_at
+    ON "synclane".jobs
+    FOR EACH STATEMENT EXECUTE FUNCTION "synclane".unsettle_owners();
+DROP TRIGGER IF EXISTS histories_unsettle_deleted ON "synclane".histories;
+CREATE TRIGGER histories_unsettle_deleted AFTER DELETE ON "synclane".histories
+    FOR EACH STATEMENT EXECUTE FUNCTION "synclane".unsettle_owners();
+-- A histories row changed (a backfill, other settings, your UPDATE) ends the marks too; the
+-- planner's upsert of first rows changes none (an empty transition table), and so ends nothing.
+CREATE OR REPLACE FUNCTION "synclane".unsettle_owners_of_changed() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $unsettle$
+BEGIN
+    IF EXISTS (SELECT FROM changed) THEN
+        INSERT INTO "synclane".plan_epoch AS p (one) VALUES (true)
+        ON CONFLICT (one) DO UPDATE SET epoch = gen_random_uuid(), changed_at = now();
+    END IF;
+    RETURN NULL;
+END
+$unsettle$;
+DROP TRIGGER IF EXISTS histories_unsettle_changed ON "synclane".histories;
+CREATE TRIGGER histories_unsettle_changed AFTER UPDATE ON "synclane".histories
+    REFERENCING OLD TABLE AS changed
+    FOR EACH STATEMENT EXECUTE FUNCTION "synclane".unsettle_owners_of_changed();
+
+INSERT INTO "synclane".schema_version (version) VALUES (7) ON CONFLICT DO NOTHING;

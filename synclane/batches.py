@@ -14,6 +14,7 @@ orders; a deadlock or a serialization failure PostgreSQL reports anyway is retri
 
 from __future__ import annotations
 
+import contextlib
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -98,34 +99,79 @@ def compare_steps(
 ) -> Steps[int]:
     """`app.plan()`'s batch: one statement compares the owners with the owners table and with
     their rows (`unsettled_owners`, the test of planning.settled, on the database clock); only
-    the owners it names are registered, read and planned (`plan_steps`). With nothing new that is
-    two short statements and no row sent back."""
-    (clock,) = yield Fetch("database_now", {})
+    the owners it names are registered, read and planned (`plan_steps`). An owner marked settled
+    is not tested again until its mark ends (docs/planning.md, "Settled owners"): with nothing
+    new that is two short statements, one index lookup an owner, and no row sent back. A plan of
+    every type with the declared horizons (`whole`, no `horizon`) reads and writes the marks;
+    the marks of the owners it finds settled are written in a statement of their own, unless
+    the plan runs in the caller's transaction (`again` False)."""
     ahead = planning.ahead_for(queue.settings.lane_width)
-    marks = [planning.marks(t, clock["now"], horizon, ahead) for t in types]
-    rows: list[dict[str, Any]] = yield Fetch(
-        "unsettled_owners",
-        {
-            "queue": queue.name,
-            "owners": [o.id for o in owners],
-            "lanes": [o.lane_key for o in owners],
-            "types": [t.name for t in types],
-            "windowed": [isinstance(t, WindowedType) for t in types],
-            "history_from": [m.history_from for m in marks],
-            "period_from": [m.period_from for m in marks],
-            "period_to": [m.period_to for m in marks],
-            "covered_to": [m.covered_to for m in marks],
-            "slices": [m.slice for m in marks],
-            "aheads": [m.ahead for m in marks],
-        },
-    )
+    by = settled_by(types, ahead) if whole and horizon is None else None
+
+    def compare() -> Steps[list[dict[str, Any]]]:
+        if again:  # synclane's own transaction, not the caller's
+            yield Execute("without_jit", {})
+        (clock,) = yield Fetch("database_now", {})
+        marks = [planning.marks(t, clock["now"], horizon, ahead) for t in types]
+        rows: list[dict[str, Any]] = yield Fetch(
+            "unsettled_owners",
+            {
+                "queue": queue.name,
+                "owners": [o.id for o in owners],
+                "lanes": [o.lane_key for o in owners],
+                "types": [t.name for t in types],
+                "windowed": [isinstance(t, WindowedType) for t in types],
+                "history_from": [m.history_from for m in marks],
+                "period_from": [m.period_from for m in marks],
+                "period_to": [m.period_to for m in marks],
+                "covered_to": [m.covered_to for m in marks],
+                "slices": [m.slice for m in marks],
+                "aheads": [m.ahead for m in marks],
+                "settled_by": by,
+                "mark": by is not None and again,
+                # history's limit moves at midnight
+                "midnight": planning.midnight(clock["now"]) + timedelta(days=1),
+            },
+        )
+        return rows
+
+    # One transaction: the marks' instants and the statement's now() are one instant.
+    rows: list[dict[str, Any]] = yield Atomic(compare)
     if not rows:
         return 0
+    settled = [r for r in rows if not r["plan"]]
+    if settled:
+        # The epoch the comparison read with the rows: a change committed since has moved it on.
+        mark = {
+            "queue": queue.name,
+            "owners": [r["owner"] for r in settled],
+            "untils": [r["until"] for r in settled],
+            "opens": [r["open"] for r in settled],
+            "epoch": settled[0]["epoch"],
+            "settled_by": by,
+        }
+        # A role that may only read (an analyst's) plans without marks, as before schema 7.
+        with contextlib.suppress(psycopg.errors.InsufficientPrivilege):
+            yield Execute("mark_settled", mark)
     by_id = {o.id: o for o in owners}
-    count: int = yield from plan_steps(
-        queue, [by_id[r["owner"]] for r in rows], types, horizon, whole=whole, again=again
-    )
+    unsettled = [by_id[r["owner"]] for r in rows if r["plan"]]
+    if not unsettled:
+        return 0
+    count: int = yield from plan_steps(queue, unsettled, types, horizon, whole=whole, again=again)
     return count
+
+
+def settled_by(types: Sequence[JobType], ahead: int) -> str:
+    """The settings an owner's settled mark was checked with (owners.settled_by): each type's
+    name, kind and periods, and the open slices a history keeps. A mark checked with other
+    settings (a type added, a horizon changed) does not count."""
+    parts = []
+    for t in types:
+        if isinstance(t, WindowedType):
+            parts.append(f"{t.name}: windowed {t.horizon} {t.slice} {t.every} {t.overlap}")
+        else:
+            parts.append(f"{t.name}: snapshot {t.every}")
+    return "; ".join([*parts, f"ahead {ahead}"])
 
 
 def pass_steps(

@@ -21,8 +21,9 @@ from synclane.model import ConfigError, unstorable
 # by every stop and arrival (the functions unpark_lane and lanes_of_new_jobs), and dropped
 # jobs_open_lanes; 5 replaced those with wakes that triggers write (lane_wakes), and made the
 # queue's slots count every live lease (jobs_leased_queue_slot); 6 planned history lazily: the
-# histories table, and the next older slice planned by the database as one finishes
-SCHEMA_VERSION = 6
+# histories table, and the next older slice planned by the database as one finishes; 7 the marks
+# of settled owners (owners.settled_*) and the plan epoch that ends them (plan_epoch)
+SCHEMA_VERSION = 7
 # How many jobs at the front of the line the take statement looks at before it searches lane by
 # lane (see docs/performance.md: the front answers in well under a millisecond).
 FRONT_SIZE = 64

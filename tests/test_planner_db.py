@@ -552,6 +552,9 @@ def test_the_comparison_reads_each_owner_by_key_not_every_owner_of_the_queue(app
         "covered_to": [mark.covered_to],
         "slices": [mark.slice],
         "aheads": [mark.ahead],
+        "settled_by": None,
+        "mark": False,
+        "midnight": midnight(now) + DAY,
     }
     statement = sql.SQL("EXPLAIN (ANALYZE, COSTS OFF, FORMAT JSON) ") + Store(schema).query(
         "unsettled_owners"

@@ -431,7 +431,13 @@ def test_a_version_4_schema_gets_wakes_instead_of_hints_written_by_its_statement
         "SELECT tgname FROM pg_trigger WHERE tgrelid = %s::regclass ORDER BY tgname",
         [f'"{schema}".jobs'],
     ).fetchall()
-    assert triggers == [("jobs_wake_changed_lanes",), ("jobs_wake_new_lanes",)]
+    assert triggers == [
+        ("jobs_unsettle_changed",),  # version 7: the ends of the planner's marks
+        ("jobs_unsettle_deleted",),
+        ("jobs_unsettle_truncated",),
+        ("jobs_wake_changed_lanes",),
+        ("jobs_wake_new_lanes",),
+    ]
     wakes = db.execute(
         sql.SQL("SELECT queue, lane FROM {}").format(table(schema, "lane_wakes"))
     ).fetchall()

@@ -67,35 +67,87 @@ LEFT JOIN {schema}.histories h
     ON t.windowed AND h.queue = %(queue)s AND h.owner = o.owner AND h.type = t.type;
 
 -- name: unsettled_owners
--- the owners of a batch that explicit planning must read: those the owners table does not know,
--- knows in another lane or has not planned, and those with a type whose rows fail the test of
--- synclane.planning.settled (history neither back to its limit, nor cancelled, nor recorded as
--- the type says with `ahead` slices open; coverage neither current nor this period's refresh, and
--- no refresh open; a snapshot neither taken this period nor open).
+-- the owners of a batch that explicit planning must read (`plan`): those the owners table does
+-- not know, knows in another lane or has not planned, and those with a type whose rows fail the
+-- test of synclane.planning.settled (history neither back to its limit, nor cancelled, nor
+-- recorded as the type says with `ahead` slices open; coverage neither current nor this period's
+-- refresh, and no refresh open; a snapshot neither taken this period nor open). An owner marked
+-- settled (owners.settled_*: until a time not yet come, by these settings, in the plan epoch that
+-- is current, and, for a mark that counts on an open refresh, while each windowed type's newest
+-- window is still an open refresh or this period's) is not tested: its mark is its lookup. With %(mark)s the statement
+-- also names the owners to mark (not `plan`), with the epoch read in this statement's snapshot,
+-- the one their rows were read in: those settled by every type for a reason that lasts until
+-- `until` (the end of the period, or midnight: this period's refresh or snapshot), or that lasts
+-- as long as a refresh stays open (`open`).
 -- Each fact is one index lookup, taken only when the ones before did not decide; the rows
--- themselves are the truth, so a job a user deleted or changed is seen at once. The others are
--- settled: nothing is missing for them, and nothing of theirs leaves the database. (The names
--- go in binary: a fifth of the client's work of the text form.)
-SELECT owner
+-- themselves are the truth, so a job a user deleted or changed is seen at once (the statement
+-- moves the epoch on, which ends every mark). The others are settled: nothing is missing for
+-- them, and nothing of theirs leaves the database. (The names go in binary: a fifth of the
+-- client's work of the text form.)
+SELECT owner, plan, epoch, until, open
 FROM (
     SELECT
         o.owner,
-        o.lane,
-        r.lane AS known_lane,
-        r.planned,
-        ARRAY(
-            SELECT t.type
-            FROM unnest(
-                %(types)s::text[], %(windowed)s::boolean[], %(history_from)s::timestamptz[],
-                %(period_from)s::timestamptz[], %(period_to)s::timestamptz[],
-                %(covered_to)s::timestamptz[], %(slices)s::interval[], %(aheads)s::integer[]
-            ) AS t (type, windowed, history_from, period_from, period_to, covered_to, slice, ahead)
-            WHERE NOT CASE
+        known.admit OR (NOT known.marked AND settled.code = 0) AS plan,
+        NOT known.admit AND NOT known.marked AND settled.code >= 2 AS settled,
+        settled.until,
+        settled.open,
+        e.epoch
+    FROM unnest(%(owners)b::text[], %(lanes)b::text[]) AS o (owner, lane)
+    CROSS JOIN (SELECT (SELECT p.epoch FROM {schema}.plan_epoch p) AS epoch) AS e
+    -- each owner's row of the owners table, looked up by primary key (LIMIT keeps PostgreSQL
+    -- from turning the lookup into a join): a join, or a filter by the batch's names, was
+    -- planned as a read of every owner of the queue for each batch, a cost that grew with the
+    -- square of the fleet
+    LEFT JOIN LATERAL (
+        SELECT * FROM {schema}.owners r
+        WHERE r.queue = %(queue)s AND r.owner = o.owner
+        LIMIT 1
+    ) AS r ON true
+    CROSS JOIN LATERAL (
+        SELECT
+            -- to be registered (and planned) anyway
+            coalesce(r.lane IS DISTINCT FROM o.lane OR NOT r.planned, true) AS admit,
+            -- marked: settled, nothing read but, for a mark that counts on open refreshes,
+            -- whether each windowed type still has one open (or this period's)
+            coalesce(
+                r.settled_until > now() AND r.settled_epoch = e.epoch
+                AND r.settled_by = %(settled_by)s
+                AND (NOT r.settled_open OR NOT EXISTS (
+                    SELECT FROM unnest(%(types)s::text[], %(windowed)s::boolean[],
+                                       %(period_from)s::timestamptz[]) AS w (type, windowed, period_from)
+                    -- the newest window is a refresh still open, or this period's (one lookup in
+                    -- jobs_owner_window, whose choice no estimate of open rows can change)
+                    WHERE w.windowed AND NOT coalesce((
+                        SELECT j.mode = 'recurring' AND (
+                            j.window_end >= w.period_from
+                            OR j.status IN ('pending', 'running', 'failed'))
+                        FROM {schema}.jobs j
+                        WHERE j.queue = %(queue)s AND j.owner = o.owner AND j.type = w.type
+                          AND j.window_end IS NOT NULL
+                        ORDER BY j.window_end DESC LIMIT 1
+                    ), false)
+                )),
+                false
+            ) AS marked
+        OFFSET 0  -- computed once an owner, not once for each place that reads it
+    ) AS known
+    CROSS JOIN LATERAL (
+        -- per type: 0 something may be missing; 1 settled, but by coverage ahead of now or a
+        -- snapshot job merely open (not marked); 2 settled while its refresh stays open; 3
+        -- settled until its period ends. A mark ends with the first period of the owner's types
+        -- to end, or at midnight
+        SELECT coalesce(min(c.code), 3) AS code,
+               least(%(midnight)s, min(c.period_to)) AS until,
+               coalesce(bool_or(c.code = 2), false) AS open
+        FROM (
+            SELECT t.period_to, CASE
                 WHEN t.windowed THEN CASE
                     WHEN NOT coalesce((
                         SELECT CASE
                             -- back to its limit (least() passes over a missing row's NULL)
-                            WHEN x.window_start <= least(h.history_from, t.history_from) THEN true
+                            WHEN x.window_start <= least(h.history_from, t.history_from)
+                                THEN true
                             -- no row yet, or a wider horizon to record
                             WHEN h.history_from IS NULL OR t.history_from < h.history_from
                                 THEN false
@@ -113,58 +165,101 @@ FROM (
                         END
                         FROM (
                             SELECT j.window_start, j.status FROM {schema}.jobs j
-                            WHERE j.queue = %(queue)s AND j.owner = o.owner AND j.type = t.type
-                              AND j.mode = 'initial' AND j.window_end IS NOT NULL
+                            WHERE j.queue = %(queue)s AND j.owner = o.owner
+                              AND j.type = t.type AND j.mode = 'initial'
+                              AND j.window_end IS NOT NULL
                             ORDER BY j.window_end LIMIT 1
                         ) AS x
                         LEFT JOIN {schema}.histories h
                             ON h.queue = %(queue)s AND h.owner = o.owner AND h.type = t.type
-                    ), false) THEN false
-                    WHEN coalesce((
-                        SELECT j.window_end >= t.covered_to
-                               OR (j.mode = 'recurring' AND j.window_end >= t.period_from)
+                    ), false) THEN 0
+                    ELSE coalesce((
+                        SELECT CASE
+                            WHEN j.mode = 'recurring' AND j.window_end >= t.period_from THEN 3
+                            -- the newest window, a refresh still open: what a mark checks
+                            WHEN j.mode = 'recurring'
+                                 AND j.status IN ('pending', 'running', 'failed') THEN 2
+                            WHEN j.window_end >= t.covered_to THEN 1
+                        END
                         FROM {schema}.jobs j
                         WHERE j.queue = %(queue)s AND j.owner = o.owner AND j.type = t.type
                           AND j.window_end IS NOT NULL
                         ORDER BY j.window_end DESC LIMIT 1
-                    ), false) THEN true
-                    ELSE EXISTS (
-                        SELECT FROM {schema}.jobs j
+                    ), (
+                        SELECT 1 FROM {schema}.jobs j
                         WHERE j.queue = %(queue)s AND j.owner = o.owner AND j.type = t.type
-                          AND j.mode = 'recurring' AND j.status IN ('pending', 'running', 'failed')
-                    )
+                          AND j.mode = 'recurring'
+                          AND j.status IN ('pending', 'running', 'failed')
+                        LIMIT 1
+                    ), 0)
                 END
                 ELSE coalesce((
-                    SELECT (s.last >= t.period_from AND s.last < t.period_to) OR EXISTS (
-                        SELECT FROM {schema}.jobs j
-                        WHERE j.queue = %(queue)s AND j.owner = o.owner AND j.type = t.type
-                          AND j.status IN ('pending', 'running', 'failed')
-                    )
+                    SELECT CASE
+                        WHEN s.last >= t.period_from AND s.last < t.period_to THEN 3
+                        ELSE coalesce((
+                            SELECT 1 FROM {schema}.jobs j
+                            WHERE j.queue = %(queue)s AND j.owner = o.owner
+                              AND j.type = t.type
+                              AND j.status IN ('pending', 'running', 'failed')
+                            LIMIT 1
+                        ), 0)
+                    END
                     FROM (
                         SELECT greatest(i.created_at, (
                             SELECT max(j.created_at) FROM {schema}.jobs j
-                            WHERE j.queue = %(queue)s AND j.owner = o.owner AND j.type = t.type
-                              AND j.window_end IS NULL
+                            WHERE j.queue = %(queue)s AND j.owner = o.owner
+                              AND j.type = t.type AND j.window_end IS NULL
                         )) AS last
                         FROM {schema}.jobs i
                         WHERE i.queue = %(queue)s AND i.owner = o.owner AND i.type = t.type
                           AND i.dedup_key = 'initial'
                     ) AS s
-                ), false)
-            END
-        ) AS unsettled
-    FROM unnest(%(owners)b::text[], %(lanes)b::text[]) AS o (owner, lane)
-    -- each owner's row of the owners table, looked up by primary key (LIMIT keeps PostgreSQL
-    -- from turning the lookup into a join): a join, or a filter by the batch's names, was
-    -- planned as a read of every owner of the queue for each batch, a cost that grew with the
-    -- square of the fleet
-    LEFT JOIN LATERAL (
-        SELECT r.lane, r.planned FROM {schema}.owners r
-        WHERE r.queue = %(queue)s AND r.owner = o.owner
-        LIMIT 1
-    ) AS r ON true
+                ), 0)
+            END AS code
+            FROM unnest(
+                %(types)s::text[], %(windowed)s::boolean[], %(history_from)s::timestamptz[],
+                %(period_from)s::timestamptz[], %(period_to)s::timestamptz[],
+                %(covered_to)s::timestamptz[], %(slices)s::interval[], %(aheads)s::integer[]
+            ) AS t (
+                type, windowed, history_from, period_from, period_to, covered_to, slice, ahead
+            )
+            -- read nothing for an owner to be registered, or marked
+            WHERE NOT known.admit AND NOT known.marked
+            OFFSET 0  -- each type's code computed once, not once for each aggregate that reads it
+        ) AS c
+    ) AS settled
 ) AS batch
-WHERE known_lane IS DISTINCT FROM lane OR NOT planned OR cardinality(unsettled) > 0;
+WHERE plan OR (%(mark)s AND settled AND epoch IS NOT NULL);
+
+-- name: mark_settled
+-- these owners' rows lacked nothing when the comparison read them in plan epoch `epoch`: the
+-- comparison skips them until `until` (the end of the period of their types, or midnight),
+-- while the epoch and the settings (`settled_by`) stay as they were, and (`open`) while their
+-- windowed types' refreshes stay open. Each row is looked up by
+-- primary key (a filter by the batch's names was planned as a read of every owner of the queue)
+-- and updated where it was locked; a row another statement holds is left as it is (a mark only
+-- spares work), so this statement waits for no one
+UPDATE {schema}.owners r
+SET settled_until = c.until, settled_open = c.open, settled_epoch = %(epoch)s,
+    settled_by = %(settled_by)s
+FROM (
+    SELECT k.ctid, m.until, m.open
+    FROM unnest(%(owners)s::text[], %(untils)s::timestamptz[], %(opens)s::boolean[])
+         AS m (owner, until, open)
+    CROSS JOIN LATERAL (
+        SELECT r.ctid FROM {schema}.owners r
+        WHERE r.queue = %(queue)s AND r.owner = m.owner
+        LIMIT 1
+        FOR UPDATE SKIP LOCKED
+    ) AS k
+) AS c
+WHERE r.ctid = c.ctid;
+
+-- name: without_jit
+-- the rest of this transaction compiles no statement to machine code: the comparison's plan is
+-- large, and JIT compiled it again at every execution (35 ms to a second a batch) to run it for a
+-- few dozen milliseconds
+SELECT set_config('jit', 'off', true);
 
 -- name: database_now
 -- the database clock, the one clock every process shares
