@@ -55,7 +55,9 @@ SELECT
           AND j.status IN ('pending', 'running', 'failed')
     ) AS open_any
 FROM unnest(%(owners)s::text[]) AS o (owner)
-LEFT JOIN {schema}.owners r ON r.queue = %(queue)s AND r.owner = o.owner
+LEFT JOIN LATERAL (
+    SELECT r.lane FROM {schema}.owners r WHERE r.queue = %(queue)s AND r.owner = o.owner LIMIT 1
+) AS r ON true
 CROSS JOIN unnest(%(types)s::text[], %(windowed)s::boolean[]) AS t (type, windowed)
 LEFT JOIN LATERAL (
     SELECT j.window_start, j.status FROM {schema}.jobs j
@@ -63,8 +65,10 @@ LEFT JOIN LATERAL (
       AND j.mode = 'initial' AND j.window_end IS NOT NULL
     ORDER BY j.window_end LIMIT 1
 ) AS oldest ON true
-LEFT JOIN {schema}.histories h
-    ON t.windowed AND h.queue = %(queue)s AND h.owner = o.owner AND h.type = t.type;
+LEFT JOIN LATERAL (
+    SELECT h.history_from, h.slice, h.ahead FROM {schema}.histories h
+    WHERE t.windowed AND h.queue = %(queue)s AND h.owner = o.owner AND h.type = t.type LIMIT 1
+) AS h ON true;
 
 -- name: unsettled_owners
 -- the owners of a batch that explicit planning must read (`plan`): those the owners table does
@@ -319,7 +323,10 @@ WHERE queue = %(queue)s AND owner = ANY (%(owners)s::text[]);
 WITH target AS (
     SELECT t.owner, t.lane, o.lane AS old
     FROM unnest(%(owners)s::text[], %(lanes)s::text[]) AS t (owner, lane)
-    LEFT JOIN {schema}.owners o ON o.queue = %(queue)s AND o.owner = t.owner
+    LEFT JOIN LATERAL (
+        SELECT o.lane FROM {schema}.owners o WHERE o.queue = %(queue)s AND o.owner = t.owner
+        LIMIT 1
+    ) AS o ON true
 ),
 chosen AS (
     SELECT j.id, t.lane FROM target t
@@ -365,16 +372,22 @@ ON CONFLICT (queue, owner) DO NOTHING;
 
 -- name: mark_planned
 -- these owners had their first plan: the round no longer looks for them. Rows are locked in
--- owner order, so two planners never wait on each other in a circle
-WITH chosen AS (
-    SELECT owner FROM {schema}.owners
-    WHERE queue = %(queue)s AND owner = ANY (%(owners)s::text[]) AND NOT planned
-    ORDER BY owner
-    FOR UPDATE
-)
+-- owner order, so two planners never wait on each other in a circle. Each row is looked up by
+-- primary key and updated where it was locked (joined to the batch by name, the update read the
+-- queue's whole owners table)
 UPDATE {schema}.owners o SET planned = true
-FROM chosen c
-WHERE o.queue = %(queue)s AND o.owner = c.owner;
+FROM (
+    SELECT k.ctid
+    FROM (SELECT DISTINCT b.owner FROM unnest(%(owners)s::text[]) AS b (owner) ORDER BY b.owner)
+         AS m
+    CROSS JOIN LATERAL (
+        SELECT r.ctid FROM {schema}.owners r
+        WHERE r.queue = %(queue)s AND r.owner = m.owner AND NOT r.planned
+        LIMIT 1
+        FOR UPDATE
+    ) AS k
+) AS c
+WHERE o.ctid = c.ctid;
 
 -- name: unplanned_owners
 -- owners that have not had their first plan yet, from the partial index of them
