@@ -179,6 +179,33 @@ def test_reconciliation_plans_added_owners_and_nothing_more_for_removed_ones(
     assert [r["owner"] for r in refreshed] == ["globex", "initech"]
 
 
+def test_the_owners_no_longer_named_are_swept_page_by_page(
+    app: SyncLane,
+    db: psycopg.Connection[Any],
+    schema: str,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The sweep walks the owners table a page at a time (a page of two here) and sends only the
+    names of each page to delete, never the fleet's: every owner the source dropped goes, on
+    every page, and every owner it still names stays."""
+    from synclane import rounds
+
+    monkeypatch.setattr(rounds, "BATCH", 2)
+    names = [f"o{n}" for n in range(9)]
+    source = Source([Owner(name) for name in names])
+    declare(app, source, owners_interval=0.001)
+    round_of(app)
+    kept = ["o1", "o2", "o5", "o8"]
+    source.owners = [Owner(name) for name in kept]
+    with caplog.at_level(logging.INFO, logger="synclane"):
+        round_of(app)
+    assert "5 owner(s) no longer named by the owner source" in caplog.text
+    assert "o0, o3, o4…" in caplog.text
+    owners = select(db, "SELECT owner FROM {owners} ORDER BY owner", schema)
+    assert [o["owner"] for o in owners] == kept
+
+
 def test_an_owner_source_that_fails_midway_removes_nothing(
     app: SyncLane, db: psycopg.Connection[Any], schema: str
 ) -> None:

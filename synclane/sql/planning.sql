@@ -476,12 +476,10 @@ SET period = excluded.period,
     pass_period = NULL, pass_horizon = NULL, pass_after = NULL;
 
 -- name: sweep_owners
--- after the source was read to its end: owners it no longer names leave the owners table, so
--- nothing more is planned for them; their jobs stay as they are (cancelling is the user's call)
-WITH gone AS (
-    DELETE FROM {schema}.owners o
-    WHERE o.queue = %(queue)s
-      AND NOT EXISTS (SELECT 1 FROM unnest(%(seen)s::text[]) AS s (owner) WHERE s.owner = o.owner)
-    RETURNING o.owner
-)
-SELECT count(*) AS removed, (array_agg(owner ORDER BY owner))[1:3] AS examples FROM gone;
+-- after the source was read to its end: owners it no longer names (%(gone)s, of one page of the
+-- owners table that the planner read in key order, owners_after) leave the owners table, so
+-- nothing more is planned for them; their jobs stay as they are (cancelling is the user's call).
+-- Page by page, so that no statement carries the whole fleet's names
+DELETE FROM {schema}.owners
+WHERE queue = %(queue)s AND owner = ANY (%(gone)s::text[])
+RETURNING owner;
