@@ -27,8 +27,12 @@ pytestmark = pytest.mark.processes
 HERE = Path(__file__).parent
 
 # A process that uses the embedded server of the folder it is given, until it is signalled.
+# A user of the server with Python's own signal handling: SIGHUP and SIGTERM set back to their
+# defaults, which a run started under nohup (or by a supervisor that ignores them) would not be.
 USER = (
-    "import sys, time; from pathlib import Path; from synclane.embedded import embedded_dsn; "
+    "import signal, sys, time; from pathlib import Path; "
+    "from synclane.embedded import embedded_dsn; "
+    "signal.signal(signal.SIGHUP, signal.SIG_DFL); signal.signal(signal.SIGTERM, signal.SIG_DFL); "
     "print(embedded_dsn(Path(sys.argv[1])), flush=True); time.sleep(600)"
 )
 
