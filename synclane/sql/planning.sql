@@ -44,16 +44,20 @@ SELECT
         WHERE j.queue = %(queue)s AND j.owner = o.owner AND j.type = t.type
           AND j.window_end IS NULL
     ) END AS last_created_at,
-    t.windowed AND EXISTS (
-        SELECT 1 FROM {schema}.jobs j
+    -- a scalar lookup with LIMIT 1, not EXISTS: PostgreSQL may answer an EXISTS for a whole
+    -- batch by hashing every open job of the queue
+    t.windowed AND coalesce((
+        SELECT true FROM {schema}.jobs j
         WHERE j.queue = %(queue)s AND j.owner = o.owner AND j.type = t.type
           AND j.mode = 'recurring' AND j.status IN ('pending', 'running', 'failed')
-    ) AS open_recurring,
-    NOT t.windowed AND EXISTS (
-        SELECT 1 FROM {schema}.jobs j
+        LIMIT 1
+    ), false) AS open_recurring,
+    NOT t.windowed AND coalesce((
+        SELECT true FROM {schema}.jobs j
         WHERE j.queue = %(queue)s AND j.owner = o.owner AND j.type = t.type
           AND j.status IN ('pending', 'running', 'failed')
-    ) AS open_any
+        LIMIT 1
+    ), false) AS open_any
 FROM unnest(%(owners)s::text[]) AS o (owner)
 LEFT JOIN LATERAL (
     SELECT r.lane FROM {schema}.owners r WHERE r.queue = %(queue)s AND r.owner = o.owner LIMIT 1
@@ -329,19 +333,31 @@ WITH target AS (
     ) AS o ON true
 ),
 chosen AS (
+    -- each owner's jobs looked up by its key (OFFSET 0 keeps the lookups per owner: joined to
+    -- the batch as a table, the open jobs of the whole queue were read and hashed per batch)
     SELECT j.id, t.lane FROM target t
-    JOIN {schema}.jobs j ON j.queue = %(queue)s AND j.owner = t.owner
-    WHERE j.status IN ('pending', 'running', 'failed', 'deferred') AND j.lane <> t.lane
-      AND (j.lane = t.old OR (t.old IS NULL AND j.mode <> 'manual'))
+    CROSS JOIN LATERAL (
+        SELECT j.id FROM {schema}.jobs j
+        WHERE j.queue = %(queue)s AND j.owner = t.owner
+          AND j.status IN ('pending', 'running', 'failed', 'deferred') AND j.lane <> t.lane
+          AND (j.lane = t.old OR (t.old IS NULL AND j.mode <> 'manual'))
+        OFFSET 0
+    ) AS j
     UNION
     SELECT j.id, t.lane FROM target t
-    JOIN {schema}.jobs j ON j.queue = %(queue)s AND j.lane = t.old AND j.owner = t.owner
-    WHERE t.old <> t.lane AND j.status <> 'running' AND j.lease_token IS NOT NULL
+    CROSS JOIN LATERAL (
+        SELECT j.id FROM {schema}.jobs j
+        WHERE j.queue = %(queue)s AND j.lane = t.old AND j.owner = t.owner
+          AND j.status <> 'running' AND j.lease_token IS NOT NULL
+        OFFSET 0
+    ) AS j
+    WHERE t.old <> t.lane
 ),
 locked AS (
-    SELECT j.id, c.lane FROM {schema}.jobs j JOIN chosen c ON c.id = j.id
-    ORDER BY j.id
-    FOR UPDATE OF j
+    -- in id order, each by its key
+    SELECT r.id, c.lane
+    FROM (SELECT id, lane FROM chosen ORDER BY id) AS c
+    CROSS JOIN LATERAL (SELECT j.id FROM {schema}.jobs j WHERE j.id = c.id FOR UPDATE) AS r
 ),
 moved AS (
     UPDATE {schema}.jobs j
@@ -349,7 +365,10 @@ moved AS (
         next_run_at = CASE WHEN j.status IN ('pending', 'failed', 'deferred')
                            THEN greatest(j.next_run_at, p.paused_until) ELSE j.next_run_at END
     FROM locked k
-    LEFT JOIN {schema}.lanes p ON p.queue = %(queue)s AND p.lane = k.lane
+    LEFT JOIN LATERAL (
+        SELECT p.paused_until FROM {schema}.lanes p
+        WHERE p.queue = %(queue)s AND p.lane = k.lane LIMIT 1
+    ) AS p ON true
     WHERE j.id = k.id
     RETURNING j.id, j.lane, j.status, j.next_run_at
 ),
