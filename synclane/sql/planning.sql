@@ -44,20 +44,19 @@ SELECT
         WHERE j.queue = %(queue)s AND j.owner = o.owner AND j.type = t.type
           AND j.window_end IS NULL
     ) END AS last_created_at,
-    -- a scalar lookup with LIMIT 1, not EXISTS: PostgreSQL may answer an EXISTS for a whole
-    -- batch by hashing every open job of the queue
-    t.windowed AND coalesce((
-        SELECT true FROM {schema}.jobs j
+    -- counts, not EXISTS: PostgreSQL may answer an EXISTS for a whole batch by hashing every
+    -- open job of the queue; and not LIMIT 1, which it may answer by walking the line of every
+    -- pending job until one of the owner's comes (an owner has a few open jobs to count)
+    t.windowed AND (
+        SELECT count(*) FROM {schema}.jobs j
         WHERE j.queue = %(queue)s AND j.owner = o.owner AND j.type = t.type
           AND j.mode = 'recurring' AND j.status IN ('pending', 'running', 'failed')
-        LIMIT 1
-    ), false) AS open_recurring,
-    NOT t.windowed AND coalesce((
-        SELECT true FROM {schema}.jobs j
+    ) > 0 AS open_recurring,
+    NOT t.windowed AND (
+        SELECT count(*) FROM {schema}.jobs j
         WHERE j.queue = %(queue)s AND j.owner = o.owner AND j.type = t.type
           AND j.status IN ('pending', 'running', 'failed')
-        LIMIT 1
-    ), false) AS open_any
+    ) > 0 AS open_any
 FROM unnest(%(owners)s::text[]) AS o (owner)
 LEFT JOIN LATERAL (
     SELECT r.lane FROM {schema}.owners r WHERE r.queue = %(queue)s AND r.owner = o.owner LIMIT 1
