@@ -368,7 +368,8 @@ moved AS (
         SELECT p.paused_until FROM {schema}.lanes p
         WHERE p.queue = %(queue)s AND p.lane = k.lane LIMIT 1
     ) AS p ON true
-    WHERE j.id = k.id
+    -- the batch's owners bound the read: joined by id alone, the whole jobs table was a candidate
+    WHERE j.id = k.id AND j.queue = %(queue)s AND j.owner = ANY (%(owners)s::text[])
     RETURNING j.id, j.lane, j.status, j.next_run_at
 ),
 registered AS (
