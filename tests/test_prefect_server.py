@@ -27,7 +27,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 
@@ -38,6 +38,7 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
 from prefect.client.schemas.objects import FlowRun
 from prefect.states import Cancelling
+from prefect_kit import eventually
 
 from synclane import ConfigError, SyncLane
 from synclane.prefect.runs import keep_work_runs
@@ -45,7 +46,6 @@ from synclane.prefect.runs import keep_work_runs
 pytestmark = [pytest.mark.prefect, pytest.mark.processes]
 
 TESTS = Path(__file__).resolve().parent
-T = TypeVar("T")
 
 # How long a work run must have run for a crash to start its successor, in these processes.
 CRASH_SUCCESSOR_AFTER = 10.0
@@ -65,17 +65,6 @@ try:
 except ImportError:
     pass
 """
-
-
-def eventually(probe: Callable[[], T | None], timeout: float, what: str) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        answer = probe()
-        if answer:
-            return answer
-        if time.monotonic() > deadline:
-            pytest.fail(f"not within {timeout:.0f} s: {what}")
-        time.sleep(0.5)
 
 
 class PrefectServer:
