@@ -9,11 +9,11 @@ from datetime import timedelta
 import apps
 import psycopg
 import pytest
+from planner_kit import comparison_params, executed_plan, owners_read
 from psycopg import sql
 from psycopg.rows import dict_row
 from workers import database_now, let_time_pass, wait_until_away_from_a_period_edge
 
-import synclane.batches
 from synclane import ConfigError, Job, Owner, Page, SyncLane
 from synclane.planning import Existing, iso, marks, midnight, period_start, settled
 from synclane.store import Store
@@ -282,19 +282,6 @@ def test_a_snapshot_is_refreshed_once_per_period_after_its_first_load(app, db, s
 HOUR = timedelta(hours=1)
 
 
-def owners_read(monkeypatch: pytest.MonkeyPatch) -> list[set[str]]:
-    """The owners each planning transaction reads (`plan_read`), one set per batch."""
-    reads: list[set[str]] = []
-    read_and_insert = synclane.batches.read_and_insert
-
-    def spy(queue, owners, types, horizon):  # type: ignore[no-untyped-def]
-        reads.append({o.id for o in owners})
-        return read_and_insert(queue, owners, types, horizon)
-
-    monkeypatch.setattr(synclane.batches, "read_and_insert", spy)
-    return reads
-
-
 def facts(db: psycopg.Connection, schema: str, owners: list[str]) -> dict[tuple[str, str], tuple]:
     """What the planner's read says per owner and type, and the database clock."""
     store = Store(schema)
@@ -537,34 +524,9 @@ def test_the_comparison_reads_each_owner_by_key_not_every_owner_of_the_queue(app
     )
     db.execute(sql.SQL("ANALYZE {}").format(owners))
     batch = [f"owner-{n}" for n in range(1, 5001)]
-    now = database_now(db)
-    job_type = shops.job_type("orders")
-    mark = marks(job_type, now, None, 2)
-    params = {
-        "queue": "shops",
-        "owners": batch,
-        "lanes": batch,
-        "types": ["orders"],
-        "windowed": [True],
-        "history_from": [mark.history_from],
-        "period_from": [mark.period_from],
-        "period_to": [mark.period_to],
-        "covered_to": [mark.covered_to],
-        "slices": [mark.slice],
-        "aheads": [mark.ahead],
-        "settled_by": None,
-        "mark": False,
-        "midnight": midnight(now) + DAY,
-    }
-    statement = sql.SQL("EXPLAIN (ANALYZE, COSTS OFF, FORMAT JSON) ") + Store(schema).query(
-        "unsettled_owners"
-    )
-    (plan,) = db.execute(statement, params).fetchone()
-
-    def nodes(node: dict) -> list[dict]:
-        return [node] + [n for child in node.get("Plans", []) for n in nodes(child)]
-
-    owner_reads = [n for n in nodes(plan[0]["Plan"]) if n.get("Relation Name") == "owners"]
+    params = comparison_params(shops.job_type("orders"), database_now(db), batch)
+    _, nodes = executed_plan(db, schema, "unsettled_owners", params)
+    owner_reads = [n for n in nodes if n.get("Relation Name") == "owners"]
     assert owner_reads, "the comparison must look the batch up in the owners table"
     for read in owner_reads:
         assert read["Node Type"] in ("Index Scan", "Index Only Scan"), read
@@ -617,15 +579,10 @@ def test_the_first_plan_reads_each_owner_of_a_batch_by_key_not_every_owner(
         "types": ["orders"],
         "windowed": [True],
     }
-    explain = sql.SQL("EXPLAIN (ANALYZE, COSTS OFF, FORMAT JSON) ") + Store(schema).query(statement)
-    (plan,) = db.execute(explain, params).fetchone()
-
-    def nodes(node: dict) -> list[dict]:
-        return [node] + [n for child in node.get("Plans", []) for n in nodes(child)]
-
+    _, nodes = executed_plan(db, schema, statement, params)
     reads = [
         n
-        for n in nodes(plan[0]["Plan"])
+        for n in nodes
         if n.get("Relation Name") in ("owners", "histories", "jobs", "lanes")
         and n["Node Type"] != "ModifyTable"
         and n["Actual Loops"] > 0  # what did not run (the move of re-laned owners' jobs)

@@ -12,13 +12,12 @@ from typing import Any
 
 import psycopg
 import pytest
+from planner_kit import comparison_params, executed_plan, owners_read
 from psycopg import sql
 from workers import database_now, wait_until_away_from_a_period_edge
 
-import synclane.batches
 from synclane import Job, Owner, Page, SyncLane
-from synclane.planning import marks, midnight
-from synclane.store import SCHEMA_VERSION, Store, render
+from synclane.store import SCHEMA_VERSION, render
 
 DAY = timedelta(days=1)
 EVERY = timedelta(minutes=15)
@@ -57,15 +56,7 @@ def marked(db: psycopg.Connection[Any], schema: str) -> set[str]:
 @pytest.fixture
 def compared(monkeypatch: pytest.MonkeyPatch) -> list[set[str]]:
     """The owners each planning transaction reads (`plan_read`), one set per batch."""
-    reads: list[set[str]] = []
-    read_and_insert = synclane.batches.read_and_insert
-
-    def spy(queue, owners, types, horizon):  # type: ignore[no-untyped-def]
-        reads.append({o.id for o in owners})
-        return read_and_insert(queue, owners, types, horizon)
-
-    monkeypatch.setattr(synclane.batches, "read_and_insert", spy)
-    return reads
+    return owners_read(monkeypatch)
 
 
 def test_a_plan_with_nothing_new_reads_no_row_of_a_marked_owner(app, db, schema):
@@ -80,39 +71,15 @@ def test_a_plan_with_nothing_new_reads_no_row_of_a_marked_owner(app, db, schema)
     assert app.plan() == {"shops": 0}  # compares every owner's rows, and marks them
     assert marked(db, schema) == set(names)
 
-    job_type = queue.job_type("orders")
-    mark = marks(job_type, database_now(db), None, 2)
-    params = {
-        "queue": "shops",
-        "owners": names,
-        "lanes": names,
-        "types": ["orders"],
-        "windowed": [True],
-        "history_from": [mark.history_from],
-        "period_from": [mark.period_from],
-        "period_to": [mark.period_to],
-        "covered_to": [mark.covered_to],
-        "slices": [mark.slice],
-        "aheads": [mark.ahead],
-        "settled_by": synclane.batches.settled_by([job_type], 2),
-        "mark": True,
-        "midnight": midnight(database_now(db)) + DAY,
-    }
-    statement = sql.SQL("EXPLAIN (ANALYZE, COSTS OFF, FORMAT JSON) ") + Store(schema).query(
-        "unsettled_owners"
-    )
-    (plan,) = db.execute(statement, params).fetchone()
-
-    def nodes(node: dict) -> list[dict]:
-        return [node] + [n for child in node.get("Plans", []) for n in nodes(child)]
-
+    params = comparison_params(queue.job_type("orders"), database_now(db), names, mark=True)
+    top, nodes = executed_plan(db, schema, "unsettled_owners", params)
     read = {}
-    for node in nodes(plan[0]["Plan"]):
+    for node in nodes:
         if "Relation Name" in node:
             read[node["Relation Name"]] = read.get(node["Relation Name"], 0) + node["Actual Loops"]
     assert read["owners"] == len(names), read
     assert read.get("jobs", 0) == 0 and read.get("histories", 0) == 0, read
-    assert plan[0]["Plan"]["Actual Rows"] == 0, "nothing to plan, nothing to mark"
+    assert top["Actual Rows"] == 0, "nothing to plan, nothing to mark"
 
     # A newcomer's first plan (a histories row written for the first time) ends no mark.
     fleet.append(Owner("newcomer"))
