@@ -14,7 +14,15 @@ from psycopg import errors, sql
 from workers import index_definitions, operations_sql
 
 from synclane import Job, Owner, Page, SchemaError, SyncLane
-from synclane.store import QUERIES, SCHEMA_VERSION, Store, compact, positional, schema_ddl
+from synclane.store import (
+    QUERIES,
+    SCHEMA_VERSION,
+    Store,
+    compact,
+    positional,
+    render,
+    schema_ddl,
+)
 
 DOCS_SCHEMA = Path(__file__).resolve().parent.parent / "docs" / "schema.sql"
 
@@ -386,9 +394,7 @@ def test_every_statement_fits_psycopgs_cache_except_the_ones_run_raw():
     # are longer, run through a raw cursor instead (positional placeholders, no conversion), and
     # so does progress() (the SDK runs a read raw when it does not fit: Store.fits_cache)
     store = Store("synclane")
-    long = {
-        name for name in QUERIES if len(store.query(name).as_string(None).encode("utf-8")) > 4096
-    }
+    long = {name for name in QUERIES if len(store.text(name).encode("utf-8")) > 4096}
     assert long <= {"take_front", "take_by_lane", "progress"}, long
     assert {name for name in QUERIES if not store.fits_cache(name)} == long
 
@@ -481,3 +487,22 @@ def test_a_version_4_schema_with_a_live_worker_is_not_upgraded_under_it(
             sql.SQL("SELECT max(version) FROM {}").format(table(schema, "schema_version"))
         )
         assert versions.fetchone() == (SCHEMA_VERSION,)
+
+
+def test_statements_are_sent_as_psycopg_would_encode_them(db):
+    # Store keeps each statement as bytes (psycopg would encode a composed statement again at
+    # every execution); those bytes are what psycopg makes of it on a real connection, quotes in
+    # the schema's name included. A statement that is not ASCII (a name, or an ellipsis in the
+    # text of two reads) stays composed: its bytes depend on the connection's client encoding.
+    for schema in ("quo\"te sch'ema", "synclane"):
+        store = Store(schema)
+        for name, text in QUERIES.items():
+            composed = render(compact(name, text), schema)
+            sent = store.query(name)
+            assert sent == (
+                composed.as_bytes(db) if composed.as_string(None).isascii() else composed
+            )
+        raw = positional(compact("take_front", QUERIES["take_front"]))[0]
+        assert store.positional("take_front")[0] == render(raw, schema).as_bytes(db)
+    assert not isinstance(Store("🛒 shop").query("save_pages"), bytes)
+    assert not isinstance(Store("🛒 shop").positional("take_front")[0], bytes)
