@@ -45,6 +45,8 @@ def _fill(db: psycopg.Connection[Any], schema: str) -> None:
 def _plan(conn: psycopg.Connection[Any], store: Store, name: str) -> dict[str, Any]:
     """The generic plan of statement `name`, prepared as a worker prepares it."""
     query, names = store.positional(name)
+    # the bytes sent, or (a statement with an ellipsis in its text) the composed statement
+    body = sql.SQL(query.decode()) if isinstance(query, bytes) else query
     arguments = ", ".join("NULL" for _ in names)
     for typed in (set(), INTERVALS):
         types = ", ".join("interval" if n in typed else "unknown" for n in names)
@@ -52,7 +54,7 @@ def _plan(conn: psycopg.Connection[Any], store: Store, name: str) -> dict[str, A
         try:
             with conn.transaction():
                 conn.execute(
-                    sql.SQL("PREPARE probe" + (f" ({types})" if names else "") + " AS ") + query
+                    sql.SQL("PREPARE probe" + (f" ({types})" if names else "") + " AS ") + body
                 )
         except psycopg.errors.DatabaseError:
             if typed:

@@ -207,10 +207,11 @@ def _scans(plan: dict[str, Any]) -> list[dict[str, Any]]:
 def _generic_plan(dsn: str, schema: str, statement: str, params: dict[str, Any]) -> Any:
     """The plan a worker's connection runs `statement` with: prepared, generic."""
     query, names = Store(schema).positional(statement)
+    assert isinstance(query, bytes)  # the bytes sent (a test's schema name is ASCII)
     with psycopg.connect(dsn, autocommit=True) as conn:
         for setting in WORKER_SESSION:
             conn.execute(setting)
-        conn.execute(sql.SQL("PREPARE probe AS {}").format(query))
+        conn.execute(sql.SQL("PREPARE probe AS ") + sql.SQL(query.decode()))
         arguments = sql.SQL(", ").join(sql.Literal(params[name]) for name in names)
         explain = sql.SQL("EXPLAIN (FORMAT JSON) EXECUTE probe({})").format(arguments)
         (plan,) = conn.execute(explain).fetchone()  # type: ignore[misc]
