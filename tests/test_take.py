@@ -135,6 +135,9 @@ def test_one_statement_serves_several_slots_in_distinct_lanes_best_first(app, ds
     assert len({job.lane for job in second.jobs}) == 3
     started = {job_row(db, schema, job.id)["started_at"] for job in second.jobs}
     assert started == {job_row(db, schema, ids[0])["completed_at"]}
+    # each lease its own token, as the table says: the statement's jobs share none
+    tokens = [job_row(db, schema, job.id)["lease_token"] for job in second.jobs]
+    assert tokens == [job.lease_token for job in second.jobs] and len(set(tokens)) == 3
 
 
 def test_a_statement_takes_no_more_than_the_slots_that_asked(app, dsn, db, schema):
@@ -251,7 +254,7 @@ def test_the_generic_plan_of_the_take_looks_up_each_lane_by_key(app, dsn, db, sc
         "done_ids": [],
         "done_tokens": [],
         "done_counts": [],
-        "tokens": [uuid4() for _ in range(4)],
+        "token": uuid4(),
         "lane_width": 1,
         "max_running": None,
     }

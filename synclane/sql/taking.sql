@@ -8,9 +8,10 @@
 -- first completes each job in %(done_ids)s under its lease guard (its slot has just finished it),
 -- then takes one job for each completion that went through and for each of %(plain)s slots that
 -- asked with nothing to complete: the best due jobs of distinct free lanes, from the front of the
--- line, none while the queue is paused, marked running under the worker's own lease tokens. For a
--- queue with lanes one wide and no cap (take_front_slotted numbers the slots of the others: the
--- executor starts every node of a plan at every execution, and the numbering is a third of them).
+-- line, none while the queue is paused, marked running under lease tokens made from the one the
+-- worker sent (so that it can find them after a lost answer). For a queue with lanes one wide and
+-- no cap (take_front_slotted numbers the slots of the others: the executor starts every node of a
+-- plan at every execution, and the numbering is a third of them).
 -- Reads the jobs and the lanes' pauses as they are, writes nothing but jobs: no hint, no second
 -- table, so a caller's open transaction holds nothing it needs. Two takers of one lane may both
 -- pass this query; the running-lane index lets only one of them commit: the other gets a unique
@@ -56,37 +57,38 @@ taken AS (
     -- that stopped running (its page may still be in flight), no throttle's pause. The limit
     -- reads the completions first, so they have freed their slots before any job of their lane
     -- is marked running
-    SELECT j.id, j.status, j.lane, row_number() OVER () AS n FROM (
-        SELECT j.id, j.status, j.lane FROM front c
-        JOIN {schema}.jobs j ON j.id = c.id
-        WHERE j.status IN ('pending', 'failed')
-          AND (SELECT count(*) FROM {schema}.jobs r
-               WHERE r.queue = %(queue)s AND r.lane = c.lane AND r.status = 'running'
-                 AND r.id <> ALL (%(done_ids)s::bigint[])) = 0
-          AND (SELECT count(*) FROM {schema}.jobs h
-               WHERE h.queue = %(queue)s AND h.lane = c.lane AND h.status <> 'running'
-                 AND h.lease_token IS NOT NULL AND h.lease_expires_at > now()) = 0
-          AND coalesce((SELECT p.paused_until FROM {schema}.lanes p
-                        WHERE p.queue = %(queue)s AND p.lane = c.lane), '-infinity') <= now()
-        LIMIT (SELECT greatest(slots, 0) FROM room)
-        FOR UPDATE OF j SKIP LOCKED
-    ) j
-),
-tokened AS (
-    -- the worker's own tokens, in taking order: after a lost answer it finds what it took
-    SELECT t.id, t.status, (%(tokens)s::uuid[])[t.n] AS token FROM taken t
+    -- (each lookup a scalar subquery that stops at its first row: no aggregate to set up at
+    -- every execution, and never pulled up into a join that reads every running job)
+    SELECT j.id, j.status FROM front c
+    JOIN {schema}.jobs j ON j.id = c.id
+    WHERE j.status IN ('pending', 'failed')
+      AND (SELECT r.id FROM {schema}.jobs r
+           WHERE r.queue = %(queue)s AND r.lane = c.lane AND r.status = 'running'
+             AND r.id <> ALL (%(done_ids)s::bigint[])
+           LIMIT 1) IS NULL
+      AND (SELECT h.id FROM {schema}.jobs h
+           WHERE h.queue = %(queue)s AND h.lane = c.lane AND h.status <> 'running'
+             AND h.lease_token IS NOT NULL AND h.lease_expires_at > now()
+           LIMIT 1) IS NULL
+      AND coalesce((SELECT p.paused_until FROM {schema}.lanes p
+                    WHERE p.queue = %(queue)s AND p.lane = c.lane), '-infinity') <= now()
+    LIMIT (SELECT greatest(slots, 0) FROM room)
+    FOR UPDATE OF j SKIP LOCKED
 ),
 next AS (
+    -- each job's lease token is md5 of the token the worker sent and the job's id: its own, and
+    -- after a lost answer the worker finds what it took
     UPDATE {schema}.jobs j
-    SET status = 'running', leased_by = %(worker)s, lease_token = tokened.token,
+    SET status = 'running', leased_by = %(worker)s,
+        lease_token = md5(%(token)s::uuid::text || j.id::text)::uuid,
         lease_expires_at = clock_timestamp() + %(lease)s, attempt_count = j.attempt_count + 1,
         started_at = now(), heartbeat_at = now(),
         lane_slot = 0, queue_slot = NULL
-    FROM tokened
-    WHERE j.id = tokened.id
+    FROM taken
+    WHERE j.id = taken.id
     RETURNING j.id, j.queue, j.owner, j.lane, j.type, j.mode, j.window_start, j.window_end,
               j.cursor, j.attempt_count, j.throttle_count, j.processed_count, j.lease_token, j.stalls,
-              tokened.status AS previous_status, j.priority
+              taken.status AS previous_status, j.priority
 )
 SELECT ARRAY(SELECT id FROM done) AS completed, next.*
 FROM (SELECT) AS one
@@ -177,8 +179,8 @@ free_queue_slots AS (
     WHERE %(max_running)s::int IS NOT NULL AND s NOT IN (SELECT queue_slot FROM queue_slots)
 ),
 tokened AS (
-    -- the worker's own tokens, in taking order: after a lost answer it finds what it took
-    SELECT t.id, t.status, (%(tokens)s::uuid[])[t.n] AS token, q.s AS queue_slot,
+    -- each job's slots: of its lane, and under a cap of its queue
+    SELECT t.id, t.status, q.s AS queue_slot,
            CASE WHEN %(lane_width)s::int = 1 THEN 0
                 ELSE (SELECT min(w) FROM generate_series(0, %(lane_width)s::int - 1) w
                       WHERE w NOT IN (SELECT r.lane_slot FROM {schema}.jobs r
@@ -191,7 +193,8 @@ tokened AS (
 ),
 next AS (
     UPDATE {schema}.jobs j
-    SET status = 'running', leased_by = %(worker)s, lease_token = tokened.token,
+    SET status = 'running', leased_by = %(worker)s,
+        lease_token = md5(%(token)s::uuid::text || j.id::text)::uuid,
         lease_expires_at = clock_timestamp() + %(lease)s, attempt_count = j.attempt_count + 1,
         started_at = now(), heartbeat_at = now(),
         lane_slot = tokened.lane_slot, queue_slot = tokened.queue_slot
@@ -353,7 +356,8 @@ slots AS (
 ),
 next AS (
     UPDATE {schema}.jobs j
-    SET status = 'running', leased_by = %(worker)s, lease_token = %(token)s,
+    SET status = 'running', leased_by = %(worker)s,
+        lease_token = md5(%(token)s::uuid::text || j.id::text)::uuid,
         lease_expires_at = clock_timestamp() + %(lease)s, attempt_count = j.attempt_count + 1,
         started_at = now(), heartbeat_at = now(),
         lane_slot = slots.lane_slot, queue_slot = slots.queue_slot
@@ -372,16 +376,19 @@ SELECT (SELECT count(*) FROM looked) AS looked,
 FROM (SELECT) AS one LEFT JOIN next ON true;
 
 -- name: taken_by_tokens
--- after a take whose answer was lost: the jobs this worker took under the tokens it sent (it may
--- run them: nobody else holds them), and which of the jobs it meant to complete still run under
--- its lease (then the take did not commit, and nothing of it happened)
+-- after a take whose answer was lost: the jobs this worker took under the tokens it sent (a job's
+-- lease token is md5 of the token sent and the job's id: it may run them, nobody else holds
+-- them), and which of the jobs it meant to complete still run under its lease (then the take did
+-- not commit, and nothing of it happened)
 SELECT j.id, j.queue, j.owner, j.lane, j.type, j.mode, j.window_start, j.window_end,
        j.cursor, j.attempt_count, j.throttle_count, j.processed_count, j.lease_token, j.stalls,
        CASE WHEN j.attempt_count > %(max_attempts)s THEN 'deferred' ELSE 'pending' END
            AS previous_status,
        false AS unfinished
 FROM {schema}.jobs j
-WHERE j.lease_token = ANY (%(tokens)s::uuid[]) AND j.status = 'running'
+WHERE j.status = 'running' AND j.leased_by = %(worker)s
+  AND EXISTS (SELECT FROM unnest(%(tokens)s::uuid[]) AS t
+              WHERE j.lease_token = md5(t::text || j.id::text)::uuid)
 UNION ALL
 SELECT j.id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
        true

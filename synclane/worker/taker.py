@@ -94,22 +94,20 @@ async def take_front(
     lease: timedelta,
     finished: Sequence[Finished] = (),
     plain: int = 1,
-    tokens: Sequence[UUID] | None = None,
+    token: UUID | None = None,
     lane_width: int = 1,
     max_running: int | None = None,
     prepare: bool | None = True,
 ) -> Batch:
     """One `take_front` statement: completes `finished` under their lease guards and takes one
     job per completion that went through plus `plain` more, from the front of the line, in
-    distinct free lanes; may take fewer. The jobs are leased under `tokens` (the worker's own,
-    so that it can find them after a lost answer; fresh ones when not given). Raises
-    psycopg.errors.UniqueViolation when another worker won a lane at the same instant: nothing
-    was written then, the completions included."""
-    if tokens is None:
-        tokens = [uuid4() for _ in range(plain + len(finished))]
+    distinct free lanes; may take fewer. Each job's lease token is made from `token` (the
+    worker's own, so that it can find them after a lost answer: taken_by_tokens; a fresh one
+    when not given) and the job's id. Raises psycopg.errors.UniqueViolation when another worker
+    won a lane at the same instant: nothing was written then, the completions included."""
     cur = psycopg.AsyncRawCursor(conn, row_factory=dict_row)
     params = {
-        "tokens": list(tokens),
+        "token": token or uuid4(),
         "lane_width": lane_width,
         "max_running": max_running,
         "queue": queue,
@@ -176,14 +174,17 @@ async def take_by_lane(
 async def taken_by_tokens(
     conn: psycopg.AsyncConnection[Any],
     store: Store,
+    worker: str,
     tokens: Sequence[UUID],
     finished: Sequence[Finished],
     max_attempts: int,
 ) -> tuple[Batch, bool]:
     """After a take whose answer was lost: what it did, and whether it committed at all (False:
-    the jobs it meant to complete still run under their leases, and nothing of it happened)."""
+    the jobs it meant to complete still run under their leases, and nothing of it happened).
+    `tokens`: the tokens the take statements sent (each job's is made from one and its id)."""
     cur = conn.cursor(row_factory=dict_row)
     params = {
+        "worker": worker,
         "tokens": list(tokens),
         "done_ids": [job.id for job in finished],
         "done_tokens": [job.token for job in finished],
@@ -251,7 +252,7 @@ class Taker:
     async def _statement(self, requests: list[Finished | None]) -> list[Turn | None]:
         finished = [request for request in requests if request is not None]
         for _ in range(RACES):
-            tokens = [uuid4() for _ in requests]
+            token = uuid4()
             sent = time.monotonic()
             try:
                 async with self.pool.connection() as conn:
@@ -263,7 +264,7 @@ class Taker:
                         self.lease,
                         finished,
                         len(requests) - len(finished),
-                        tokens,
+                        token,
                         self.lane_width,
                         self.max_running,
                         self.prepare,
@@ -277,7 +278,7 @@ class Taker:
             except psycopg.OperationalError:
                 # The answer was lost: the statement may have committed. Jobs leased under these
                 # tokens are this worker's to run; were the completions not made, ask again.
-                found = await self._recover(tokens, finished)
+                found = await self._recover([token], finished)
                 if found is None:
                     continue
                 batch = found
@@ -352,7 +353,7 @@ class Taker:
             try:
                 async with self.pool.connection() as conn:
                     batch, committed = await taken_by_tokens(
-                        conn, self.store, tokens, finished, self.max_attempts
+                        conn, self.store, self.worker, tokens, finished, self.max_attempts
                     )
             except psycopg.OperationalError as error:
                 self.outage.lost(f"queue {self.queue}: a take whose answer was lost", error)
