@@ -15,20 +15,13 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
-from psycopg.adapt import AdaptersMap
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
-from psycopg.types.array import ListBinaryDumper
 from psycopg_pool import AsyncConnectionPool
 
 from synclane.errors import DatabaseUnavailable, first_line
 from synclane.model import ConfigError
+from synclane.params import WORKER_ADAPTERS
 from synclane.store import WORKER_SESSION, Store
-
-# How worker connections send parameters: lists (the ids, tokens and counts of the jobs a take
-# completes, the pages a save writes) in PostgreSQL's binary array format. psycopg's default is
-# text, quoted and escaped element by element: about 20 µs more a take statement.
-WORKER_ADAPTERS = AdaptersMap(psycopg.adapters)
-WORKER_ADAPTERS.register_dumper(list, ListBinaryDumper)
 
 # libpq parameters whose values are secrets
 _SECRETS = ("password", "sslpassword")

@@ -14,6 +14,7 @@ from psycopg import errors, sql
 from workers import job_row
 
 from synclane import Page, SyncLane
+from synclane.params import WORKER_ADAPTERS, Bigints, Uuids
 from synclane.store import WORKER_SESSION, Store
 from synclane.worker.taker import Batch as Taken
 from synclane.worker.taker import Finished, take_front
@@ -275,3 +276,25 @@ def test_the_generic_plan_of_a_look_lane_by_lane_reads_each_lane_by_key(app, dsn
         "visit": 256,
     }
     _by_lane(_generic_plan(dsn, schema, "take_by_lane", params), {"h", "j", "d", "o"})
+
+
+def test_worker_arrays_keep_one_type_whatever_they_hold(dsn):
+    # The take statement is prepared once per combination of parameter types: ids, tokens and
+    # counts go as bigint[] and uuid[] whether they are empty, small or large, and arrive whole.
+    tokens = [uuid4(), uuid4()]
+    query = "SELECT $1::bigint[], $2::uuid[], cardinality($1)"
+    sent = [
+        (Bigints([]), Uuids([])),
+        (Bigints([1, 2]), Uuids(tokens)),
+        (Bigints([40_000, 2**40, -(2**63)]), Uuids(tokens[:1])),
+    ]
+    with psycopg.connect(dsn, autocommit=True, context=WORKER_ADAPTERS) as conn:
+        cur = psycopg.RawCursor(conn)
+        rows = [cur.execute(query, values, prepare=True).fetchone() for values in sent]
+        prepared = cur.execute("SELECT count(*) FROM pg_prepared_statements").fetchone()
+    assert rows == [
+        ([], [], 0),
+        ([1, 2], tokens, 2),
+        ([40_000, 2**40, -(2**63)], tokens[:1], 3),
+    ]
+    assert prepared == (1,)  # psycopg's own lists made three: smallint[], bigint[], unknown

@@ -25,6 +25,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from synclane.model import Rate
+from synclane.params import Bigints, Uuids
 from synclane.store import Store
 from synclane.worker.outage import OUTAGE_BACKOFF, Outage
 from synclane.worker.shared import Shared
@@ -162,12 +163,12 @@ class PageWrites:
         params = {
             "queue": self.queue,
             "lease": self.lease,
-            "ids": [p.id for p in pages],
-            "tokens": [p.token for p in pages],
+            "ids": Bigints(p.id for p in pages),
+            "tokens": Uuids(p.token for p in pages),
             "expected": [p.expected for p in pages],
-            "counted": [p.counted for p in pages],
+            "counted": Bigints(p.counted for p in pages),
             "cursors": [p.cursor for p in pages],
-            "counts": [p.count for p in pages],
+            "counts": Bigints(p.count for p in pages),
         }
 
         async def statement(conn: psycopg.AsyncConnection[Any]) -> list[Saved]:
@@ -203,8 +204,8 @@ class PageWrites:
     async def _beat(self, jobs: list[tuple[int, UUID]]) -> list[bool]:
         params = {
             "lease": self.lease,
-            "ids": [job_id for job_id, _ in jobs],
-            "tokens": [token for _, token in jobs],
+            "ids": Bigints(job_id for job_id, _ in jobs),
+            "tokens": Uuids(token for _, token in jobs),
         }
 
         async def statement(conn: psycopg.AsyncConnection[Any]) -> set[int]:

@@ -41,6 +41,7 @@ from psycopg_pool import AsyncConnectionPool
 from synclane.connection import Database
 from synclane.errors import error_text
 from synclane.model import ConfigError
+from synclane.params import Bigints
 from synclane.version import __version__
 from synclane.wakeup import channel, notify_work_async
 from synclane.worker.outage import OUTAGE_BACKOFF
@@ -371,7 +372,7 @@ class FreedLanes:
             while self._done:
                 done, taken = self._done, self._taken
                 self._done, self._taken = set(), set()
-                params = {**self.params, "done_ids": list(done), "taken_lanes": list(taken)}
+                params = {**self.params, "done_ids": Bigints(done), "taken_lanes": list(taken)}
                 with contextlib.suppress(psycopg.Error):  # a courtesy: polling covers it
                     async with self.pool.connection() as conn:
                         await conn.execute(self.store.query("notify_freed_lanes"), params)

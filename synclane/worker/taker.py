@@ -23,6 +23,7 @@ from psycopg import errors
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
+from synclane.params import Bigints, Uuids
 from synclane.store import Store
 from synclane.worker.outage import OUTAGE_BACKOFF, Outage
 from synclane.worker.shared import Shared
@@ -115,9 +116,9 @@ async def take_front(
         "lease": lease,
         "front": FRONT_SIZE,
         "plain": plain,
-        "done_ids": [job.id for job in finished],
-        "done_tokens": [job.token for job in finished],
-        "done_counts": [job.count for job in finished],
+        "done_ids": Bigints(job.id for job in finished),
+        "done_tokens": Uuids(job.token for job in finished),
+        "done_counts": Bigints(job.count for job in finished),
     }
     # the slot numbering costs a third of the plan's nodes: only queues that need it run it
     statement = "take_front" if lane_width == 1 and max_running is None else "take_front_slotted"
@@ -185,9 +186,9 @@ async def taken_by_tokens(
     cur = conn.cursor(row_factory=dict_row)
     params = {
         "worker": worker,
-        "tokens": list(tokens),
-        "done_ids": [job.id for job in finished],
-        "done_tokens": [job.token for job in finished],
+        "tokens": Uuids(tokens),
+        "done_ids": Bigints(job.id for job in finished),
+        "done_tokens": Uuids(job.token for job in finished),
         "max_attempts": max_attempts,
     }
     await cur.execute(store.query("taken_by_tokens"), params)
