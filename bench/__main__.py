@@ -15,7 +15,7 @@ from pathlib import Path
 
 import psycopg
 
-from bench import footprint, page, pages, plan, scale, sdk, take, throughput, wakeup
+from bench import footprint, page, pages, plan, scale, sdk, take, take_loop, throughput, wakeup
 from bench.common import bench_dsn
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "performance.md"
@@ -54,6 +54,7 @@ def main() -> None:
         sections = [
             ("Planning", plan.main(owners=50, history=2_000)),
             ("Taking a job", take.main(5, (0, 2_000), backlog_lanes=50, backlog_per_lane=10)),
+            ("The take alone, in step", take_loop.main(bench_dsn(), 40)),
             ("Throughput", throughput.main(jobs=200, rounds=1, pgbench_seconds=2)),
             ("Instant pickup", wakeup.main(jobs=20, processes=(1,))),
             ("Pages that wait on an API", pages.smoke()),
