@@ -336,7 +336,11 @@ class Slot:
         page = run.task
         deadline: float | None = None
         try:
-            while True:
+            # A page that ends at its first step (a cached answer, nothing to fetch) is seen
+            # after one turn of the loop, with no wait set up for it (a wait's callbacks and
+            # timer cost a job more than the rest of its page).
+            await asyncio.sleep(0)
+            while not page.done():
                 waiting: set[asyncio.Future[Any]] = {page}
                 timeout = beat
                 if deadline is None:
