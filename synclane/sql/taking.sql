@@ -35,16 +35,17 @@ room AS (
                 ELSE %(plain)s::int + (SELECT count(*) FROM done) END AS slots
 ),
 front AS (
-    -- the best due job of each lane among the first %(front)s in taking order, best first
+    -- the best due job of each lane among the first %(front)s in taking order, best first (the
+    -- lanes told apart byte by byte, as equality does: no collation's rules to sort them by)
     SELECT c.id, c.lane FROM (
-        SELECT DISTINCT ON (f.lane) f.id, f.lane, f.priority, f.window_start FROM (
+        SELECT DISTINCT ON (f.lane COLLATE "C") f.id, f.lane, f.priority, f.window_start FROM (
             SELECT id, lane, next_run_at, priority, window_start FROM {schema}.jobs
             WHERE queue = %(queue)s AND status IN ('pending', 'failed')
             ORDER BY priority, window_start DESC NULLS LAST, id
             LIMIT %(front)s
         ) f
         WHERE f.next_run_at <= now()
-        ORDER BY f.lane, f.priority, f.window_start DESC NULLS LAST, f.id
+        ORDER BY f.lane COLLATE "C", f.priority, f.window_start DESC NULLS LAST, f.id
     ) c
     ORDER BY c.priority, c.window_start DESC NULLS LAST, c.id
     OFFSET 0
@@ -125,7 +126,8 @@ room AS (
                                 AND id <> ALL (%(done_ids)s::bigint[]))) END AS slots
 ),
 front AS (
-    -- the best due job of each lane among the first %(front)s in taking order, best first
+    -- the best due job of each lane among the first %(front)s in taking order, best first (the
+    -- lanes told apart byte by byte, as equality does: no collation's rules to sort them by)
     SELECT c.id, c.lane FROM (
         SELECT DISTINCT ON (f.lane) f.id, f.lane, f.priority, f.window_start FROM (
             SELECT id, lane, next_run_at, priority, window_start FROM {schema}.jobs
