@@ -22,6 +22,7 @@ from pathlib import Path
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from system_tools import need
 
 PGBOUNCER = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
 
@@ -79,10 +80,10 @@ def _open_every_server_connection(pooled: str, server_connections: int) -> None:
 @contextmanager
 def pgbouncer(dsn: str, server_connections: int = 2) -> Iterator[str]:
     """A DSN through PgBouncer (transaction mode) to the database of `dsn`."""
-    if not Path(PGBOUNCER).exists():
-        raise AssertionError(
-            "the pooler tests need PgBouncer: apt-get install pgbouncer (.ci/run installs it)"
-        )
+    need(
+        Path(PGBOUNCER).exists(),
+        "the pooler tests need PgBouncer: apt-get install pgbouncer (.ci/run installs it)",
+    )
     params = conninfo_to_dict(dsn)
     user = params.get("user") or "postgres"
     server = " ".join(

@@ -21,6 +21,7 @@ import psycopg
 import pytest
 from apps import products_queue
 from dashboard_kit import LONG_ERROR, SCRIPT_ERROR, arrange_shop, start, stop
+from system_tools import need
 from workers import arrange, job_row, running_worker, wait_for
 
 from synclane import Job, Owner, Page, SyncLane, Throttled
@@ -37,16 +38,17 @@ ARGS = [
     "--no-first-run",
 ]
 
-pytestmark = [
-    pytest.mark.skipif(
-        not CHROMIUM.exists(),
-        reason="needs Debian's Chromium at /usr/bin/chromium: apt-get install -y chromium",
-    ),
-    pytest.mark.skipif(
-        importlib.util.find_spec("playwright") is None,
-        reason="needs the playwright package: pip install playwright (not `playwright install`)",
-    ),
-]
+
+@pytest.fixture(scope="module", autouse=True)
+def _browser_installed() -> None:
+    need(
+        CHROMIUM.exists(),
+        "needs Debian's Chromium at /usr/bin/chromium: apt-get install -y chromium",
+    )
+    need(
+        importlib.util.find_spec("playwright") is not None,
+        "needs the playwright package: pip install playwright (not `playwright install`)",
+    )
 
 
 @pytest.fixture
