@@ -573,6 +573,8 @@ def wal_of(
 ) -> tuple[int, int]:
     """WAL records and bytes of one INSERT or UPDATE, from EXPLAIN (ANALYZE, WAL): this
     session's own WAL, whatever else the server does."""
+    if isinstance(statement, bytes):  # synclane's own, as Store sends it
+        statement = sql.SQL(statement.decode())
     explain = sql.SQL("EXPLAIN (ANALYZE, WAL, FORMAT JSON) ") + statement
     row = conn.execute(explain, params).fetchone()
     assert row is not None

@@ -59,7 +59,7 @@ def executed_plan(
     db: psycopg.Connection[Any], schema: str, statement: str, params: dict[str, Any]
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Run synclane's `statement` under EXPLAIN ANALYZE: its plan's top node, and every node."""
-    explain = sql.SQL("EXPLAIN (ANALYZE, COSTS OFF, FORMAT JSON) ") + Store(schema).query(statement)
+    explain = sql.SQL("EXPLAIN (ANALYZE, COSTS OFF, FORMAT JSON) " + Store(schema).text(statement))
     row = db.execute(explain, params).fetchone()
     assert row is not None
     top: dict[str, Any] = row[0][0]["Plan"]
