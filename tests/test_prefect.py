@@ -45,6 +45,7 @@ from prefect_kit import FLOWS, ROOT, eventually, flow_runs, prefect_cli, prefect
 
 from synclane import ConfigError, SyncLane
 from synclane.causes import Causes, Noted
+from synclane.demo import data_schema_for
 from synclane.events import Event
 from synclane.prefect import SyncLaneDatabase, backfill, deployments, plan, requeue, serve, work
 from synclane.prefect.flows import _backfill_state, called
@@ -1237,6 +1238,10 @@ def test_synclane_serve_serves_the_table_its_schema_option_names(
         assert main([*argv, "--name", f"demo-{schema}"]) == 0
     finally:
         signal.signal(signal.SIGINT, previous)
+        # loading the demo's app made its shop's schema too; the schema fixture drops only S
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            shop = sql.Identifier(data_schema_for(schema))
+            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(shop))
     assert os.environ["SYNCLANE_SCHEMA"] == schema
     tags = {tag for d in served["deployments"] for tag in d.tags if tag.startswith("synclane-")}
     (tag,) = tags
