@@ -19,10 +19,17 @@ from psycopg.pq import Format
 from psycopg.types.array import ListBinaryDumper
 
 _INT8, _INT8_ARRAY, _UUID, _UUID_ARRAY = 20, 1016, 2950, 2951
-# a binary array: dimensions, has-nulls, element type; then each dimension's length and lower
+# a binary array: dimensions, has-nulls, element type; then (one dimension) its length and lower
 # bound; then each element as its length and its bytes
+_EMPTY = struct.Struct("!iiI")
 _ONE_DIMENSION = struct.Struct("!iiIii")
 _UUID_LENGTH = struct.pack("!i", 16)
+
+
+def _array(element: int, count: int, elements: bytes) -> bytes:
+    if not count:
+        return _EMPTY.pack(0, 0, element)
+    return _ONE_DIMENSION.pack(1, 0, element, count, 1) + elements
 
 
 class Bigints(list[int]):
@@ -38,11 +45,8 @@ class _BigintsDumper(Dumper):
     oid = _INT8_ARRAY
 
     def dump(self, obj: Bigints) -> bytes:
-        if not obj:
-            return struct.pack("!iiI", 0, 0, _INT8)
-        count = len(obj)
-        elements = [part for value in obj for part in (8, value)]
-        return struct.pack(f"!iiIii{'iq' * count}", 1, 0, _INT8, count, 1, *elements)
+        parts = [part for value in obj for part in (8, value)]
+        return _array(_INT8, len(obj), struct.pack(f"!{'iq' * len(obj)}", *parts))
 
 
 class _UuidsDumper(Dumper):
@@ -50,10 +54,7 @@ class _UuidsDumper(Dumper):
     oid = _UUID_ARRAY
 
     def dump(self, obj: Uuids) -> bytes:
-        if not obj:
-            return struct.pack("!iiI", 0, 0, _UUID)
-        head = _ONE_DIMENSION.pack(1, 0, _UUID, len(obj), 1)
-        return head + b"".join(_UUID_LENGTH + value.bytes for value in obj)
+        return _array(_UUID, len(obj), b"".join(_UUID_LENGTH + value.bytes for value in obj))
 
 
 WORKER_ADAPTERS = AdaptersMap(psycopg.adapters)

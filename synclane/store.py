@@ -165,7 +165,7 @@ def sendable(composed: sql.Composed) -> Statement:
     """The statement as the bytes every connection is sent, where they are the same in every
     client encoding (ASCII: every encoding PostgreSQL offers a client agrees on it); else as it
     is. psycopg encodes a composed statement again at every execution, its identifiers quoted
-    one by one: the take statement's nine cost a worker about 0.02 ms a job."""
+    one by one: about 44 µs a take statement, which names nine."""
     text = composed.as_string(None)
     return text.encode("ascii") if text.isascii() else composed
 
