@@ -23,7 +23,7 @@ from synclane.model import ConfigError, unstorable
 # queue's slots count every live lease (jobs_leased_queue_slot); 6 planned history lazily: the
 # histories table, and the next older slice planned by the database as one finishes; 7 the marks
 # of settled owners (owners.settled_*) and the plan epoch that ends them (plan_epoch)
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 # How many jobs at the front of the line the take statement looks at before it searches lane by
 # lane (see docs/performance.md: the front answers in well under a millisecond).
 FRONT_SIZE = 64

@@ -250,6 +250,72 @@ def test_a_version_1_schema_is_upgraded_in_place_and_keeps_its_rows(app, db, dsn
     assert db.execute(sql.SQL("SELECT id FROM {}").format(table(schema))).fetchall() == [(job_id,)]
 
 
+def _checks(db: psycopg.Connection, schema: str) -> dict[str, str]:
+    rows = db.execute(
+        "SELECT conname, pg_get_constraintdef(oid) FROM pg_constraint"
+        " WHERE conrelid = %s::regclass AND contype = 'c'",
+        [f'"{schema}".jobs'],
+    ).fetchall()
+    return dict(rows)
+
+
+def test_a_version_7_table_gets_the_cheaper_checks_which_refuse_what_they_refused(
+    app, db, dsn, schema
+):
+    """Version 8 writes the jobs table's checks in the form PostgreSQL reads fastest (it reads
+    them again for every statement that writes jobs): a table of version 7 gets them in place,
+    under the same names, with its rows; they let through and refuse the same rows."""
+    fresh = _checks(db, schema)
+    job_id = insert_job(db, schema)
+    db.execute(
+        sql.SQL(
+            "ALTER TABLE {} DROP CONSTRAINT jobs_mode_check, DROP CONSTRAINT jobs_status_check,"
+            " DROP CONSTRAINT jobs_check,"
+            " ADD CONSTRAINT jobs_mode_check CHECK (mode IN ('initial', 'recurring', 'manual')),"
+            " ADD CONSTRAINT jobs_status_check CHECK (status IN ('pending', 'running',"
+            " 'completed', 'failed', 'deferred', 'abandoned', 'cancelled')),"
+            " ADD CONSTRAINT jobs_check"
+            " CHECK (window_start IS NULL OR window_end IS NULL OR window_start < window_end)"
+        ).format(table(schema))
+    )
+    _make_version(db, schema, 7)
+    assert "ARRAY[" in _checks(db, schema)["jobs_status_check"]
+
+    upgraded = SyncLane(dsn, schema=schema)
+    try:
+        assert upgraded.migrate() == SCHEMA_VERSION
+    finally:
+        upgraded.close()
+
+    checks = _checks(db, schema)
+    assert checks == fresh
+    assert set(checks) == {
+        "jobs_mode_check",
+        "jobs_status_check",
+        "jobs_check",
+        "jobs_processed_count_check",
+    }
+    assert not any("ARRAY[" in text or "IS NULL" in text for text in checks.values())
+    assert db.execute(sql.SQL("SELECT id FROM {}").format(table(schema))).fetchall() == [(job_id,)]
+    insert = sql.SQL(
+        "INSERT INTO {} (queue, owner, lane, type, mode, status, dedup_key, window_start,"
+        " window_end) VALUES ('shops', 'acme', 'acme', 'orders', %s, %s, %s, %s, %s)"
+    ).format(table(schema))
+    refused = [
+        ("jobs_mode_check", ("weekly", "pending", "a", None, None)),
+        ("jobs_status_check", ("manual", "done", "b", None, None)),
+        ("jobs_check", ("initial", "pending", "c", "2026-01-02", "2026-01-02")),
+        ("jobs_check", ("initial", "pending", "d", "2026-01-03", "2026-01-02")),
+    ]
+    for name, values in refused:
+        with pytest.raises(errors.CheckViolation) as caught, db.transaction():
+            db.execute(insert, values)
+        assert caught.value.diag.constraint_name == name
+    # a window with one end open passes, as it did
+    for key, start, end in (("e", "2026-01-01", None), ("f", None, "2026-01-01")):
+        db.execute(insert, ("initial", "completed", key, start, end))
+
+
 @pytest.mark.parametrize("documented_drop_first", [False, True])
 def test_a_version_3_schema_loses_the_index_no_statement_reads(
     app, db, dsn, schema, documented_drop_first
