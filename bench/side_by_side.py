@@ -1,6 +1,7 @@
 """The take's throughput next to an older commit's, in one run on one server.
 
     python -m bench.side_by_side [--against 2de033d] [--rounds 4] [--jobs 4000]
+    python -m bench.side_by_side --pairs 12 --jobs 8000    # in step only, pair by pair
 
 A change that may slow the take is measured against the code before it, not against a figure of
 another day: this machine's pgbench varies fourfold over a day (docs/performance.md). The older
@@ -259,10 +260,50 @@ def main(against: str = REFERENCE, rounds: int = 4, jobs: int = 4000) -> list[st
     return lines
 
 
+def in_step_pairs(against: str = REFERENCE, pairs: int = 10, jobs: int = 8000) -> list[str]:
+    """Only the in-step runs, `pairs` times each, the two codes one right after the other (the
+    older commit first in odd pairs, this code first in even ones): on a machine whose speed
+    drifts over minutes, a pair sees the same machine, and the median of many pairs' ratios is
+    the figure to read, with its middle half (quartiles) as the spread."""
+    dsn = bench_dsn()
+    place = worktree(against)
+    ratios: list[float] = []
+    lines: list[str] = []
+    for number in range(pairs):
+        codes = [(against, place), ("this code", ROOT)]
+        if number % 2:
+            codes.reverse()
+        rates: dict[str, float] = {}
+        for name, at in codes:
+            checkpoint(dsn)
+            rates[name] = rate_at(at, dsn, jobs, 0.0)[0]
+        ratios.append(rates["this code"] / rates[against])
+        line = (
+            f"pair {number + 1}: {against} {rates[against]:.0f}, this code "
+            f"{rates['this code']:.0f} jobs/s in step; this ÷ {against}: {ratios[-1]:.2f}"
+        )
+        print(line, flush=True)
+        lines.append(line)
+    quartiles = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
+    summary = (
+        f"in step, this code ÷ {against}, {pairs} pairs of {jobs} jobs: median "
+        f"{statistics.median(ratios):.2f}, middle half {quartiles[0]:.2f} to {quartiles[2]:.2f}, "
+        f"{sum(r >= 1.0 for r in ratios)} of {pairs} at 1.0 or more (goal: median >= 1.0)"
+    )
+    print(summary)
+    return [*lines, summary]
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--against", default=REFERENCE)
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--jobs", type=int, default=4000)
+    parser.add_argument(
+        "--pairs", type=int, default=0, help="only in-step runs: this many pairs, see in_step_pairs"
+    )
     args = parser.parse_args()
-    main(args.against, args.rounds, args.jobs)
+    if args.pairs:
+        in_step_pairs(args.against, args.pairs, args.jobs)
+    else:
+        main(args.against, args.rounds, args.jobs)
