@@ -723,7 +723,10 @@ CREATE TRIGGER histories_unsettle_changed AFTER UPDATE ON "synclane".histories
 -- words costs it a node per word. Version 8 writes the same three checks in the form it reads
 -- fastest (one constant array; a window check without its NULL tests, which a check passes
 -- anyway): the same rows pass and the same rows are refused, under the same names. A table of
--- an older version gets them in one ALTER TABLE, which reads the table once to check its rows.
+-- an older version gets them NOT VALID, which takes the table's lock for an instant and reads no
+-- row (its rows passed the same checks until now); app.migrate() then validates them in a
+-- transaction of its own (validate_checks, below), which reads the table without holding up
+-- its writers.
 DO $checks$
 BEGIN
     IF EXISTS (SELECT FROM pg_catalog.pg_constraint c
@@ -740,12 +743,45 @@ BEGIN
             DROP CONSTRAINT IF EXISTS jobs_status_check,
             DROP CONSTRAINT IF EXISTS jobs_check,
             ADD CONSTRAINT jobs_mode_check
-                CHECK (mode = ANY ('{initial,recurring,manual}'::text[])),
+                CHECK (mode = ANY ('{initial,recurring,manual}'::text[])) NOT VALID,
             ADD CONSTRAINT jobs_status_check CHECK (status = ANY (
-                '{pending,running,completed,failed,deferred,abandoned,cancelled}'::text[])),
-            ADD CONSTRAINT jobs_check CHECK (window_start < window_end);
+                '{pending,running,completed,failed,deferred,abandoned,cancelled}'::text[]))
+                NOT VALID,
+            ADD CONSTRAINT jobs_check CHECK (window_start < window_end) NOT VALID;
     END IF;
 END
 $checks$;
+
+-- Checks the rows against the checks of jobs still NOT VALID, one by one, and returns the names
+-- of those some row breaks (such a row was written while the check was off; the check still
+-- refuses every new write, and a later call validates it once the row is fixed). Each validation
+-- takes a lock that lets readers and writers go on (it waits only for a VACUUM, an index build
+-- or another validation). app.migrate() calls it in a transaction of its own after an upgrade; a
+-- team that applies this file itself runs `SELECT synclane.validate_checks();` after its
+-- migration's transaction (inside it, the lock the ALTER TABLE above took is still held).
+CREATE OR REPLACE FUNCTION "synclane".validate_checks() RETURNS text[]
+LANGUAGE plpgsql AS $validate$
+DECLARE
+    unchecked record;
+    broken text[] := '{}';
+BEGIN
+    FOR unchecked IN
+        SELECT c.conname FROM pg_catalog.pg_constraint c
+        JOIN pg_catalog.pg_class t ON t.oid = c.conrelid
+        JOIN pg_catalog.pg_namespace n ON n.oid = t.relnamespace
+        WHERE n.nspname = 'synclane' AND t.relname = 'jobs' AND c.contype = 'c'
+          AND NOT c.convalidated
+        ORDER BY c.conname
+    LOOP
+        BEGIN
+            EXECUTE 'ALTER TABLE "synclane".jobs VALIDATE CONSTRAINT '
+                    || pg_catalog.quote_ident(unchecked.conname);
+        EXCEPTION WHEN check_violation THEN
+            broken := broken || unchecked.conname::text;
+        END;
+    END LOOP;
+    RETURN broken;
+END
+$validate$;
 
 INSERT INTO "synclane".schema_version (version) VALUES (8) ON CONFLICT DO NOTHING;

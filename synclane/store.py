@@ -7,6 +7,7 @@ and checks the schema (sql/schema.sql) and knows nothing of handlers or owners."
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
 from importlib import resources
 from typing import Any
@@ -17,12 +18,15 @@ from psycopg import sql
 from synclane.errors import SchemaError, first_line
 from synclane.model import ConfigError, unstorable
 
+log = logging.getLogger("synclane")
+
 # 2 added the index jobs_open_lanes; 3 the lanes table and held leases; 4 the lanes' hints written
 # by every stop and arrival (the functions unpark_lane and lanes_of_new_jobs), and dropped
 # jobs_open_lanes; 5 replaced those with wakes that triggers write (lane_wakes), and made the
 # queue's slots count every live lease (jobs_leased_queue_slot); 6 planned history lazily: the
 # histories table, and the next older slice planned by the database as one finishes; 7 the marks
-# of settled owners (owners.settled_*) and the plan epoch that ends them (plan_epoch)
+# of settled owners (owners.settled_*) and the plan epoch that ends them (plan_epoch); 8 the
+# checks of jobs in the form PostgreSQL reads fastest, added NOT VALID and validated afterwards
 SCHEMA_VERSION = 8
 # How many jobs at the front of the line the take statement looks at before it searches lane by
 # lane (see docs/performance.md: the front answers in well under a millisecond).
@@ -228,6 +232,8 @@ class Store:
             with conn.transaction():
                 conn.execute(self.query("migration_lock"), {"schema": self.schema})
                 conn.execute(render(SCHEMA_SQL, self.schema))
+            with conn.transaction():
+                row = conn.execute(self.query("validate_checks")).fetchone()
         except psycopg.OperationalError:
             raise
         except psycopg.errors.InsufficientPrivilege as error:
@@ -243,6 +249,18 @@ class Store:
                 "tables synclane did not create, such as a jobs table of your own; give synclane "
                 "a schema of its own"
             ) from None
+        for check in row[0] if row is not None else []:
+            table = f"{sql.Identifier(self.schema).as_string(None)}.jobs"
+            log.warning(
+                "schema %r: rows of %s break its check %s (they were written while the check "
+                "was off); it refuses every new write all the same. Find them with the check's "
+                "condition (\\d %s shows it), fix them, then run SELECT %s.validate_checks()",
+                self.schema,
+                table,
+                check,
+                table,
+                sql.Identifier(self.schema).as_string(None),
+            )
         return SCHEMA_VERSION
 
     def check_version(self, conn: psycopg.Connection[Any]) -> None:

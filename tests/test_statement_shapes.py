@@ -11,6 +11,7 @@ as a worker's connection runs it, and refuse that shape anywhere a recheck can r
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -95,7 +96,8 @@ def rechecked_initplans(plan: dict[str, Any]) -> list[str]:
 
 @pytest.fixture(scope="module")
 def plans(dsn: str) -> Iterator[dict[str, dict[str, Any]]]:
-    schema = "shapes_" + __name__.replace(".", "_")[-20:]
+    # a schema of this module's own in each test process (several may run the module at once)
+    schema = "shapes_" + uuid.uuid4().hex[:12]
     with psycopg.connect(dsn, autocommit=True) as db:
         db.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
         SyncLane(dsn, schema=schema).close()

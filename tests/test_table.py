@@ -3,6 +3,7 @@ indexes carry the guarantees."""
 
 from __future__ import annotations
 
+import logging
 import uuid
 from pathlib import Path
 
@@ -251,8 +252,10 @@ def test_a_version_1_schema_is_upgraded_in_place_and_keeps_its_rows(app, db, dsn
 
 
 def _checks(db: psycopg.Connection, schema: str) -> dict[str, str]:
+    """The checks of jobs by name: their definitions, each marked when it is not validated."""
     rows = db.execute(
-        "SELECT conname, pg_get_constraintdef(oid) FROM pg_constraint"
+        "SELECT conname, pg_get_constraintdef(oid) || CASE WHEN convalidated THEN ''"
+        " ELSE ' (not validated)' END FROM pg_constraint"
         " WHERE conrelid = %s::regclass AND contype = 'c'",
         [f'"{schema}".jobs'],
     ).fetchall()
@@ -264,7 +267,8 @@ def test_a_version_7_table_gets_the_cheaper_checks_which_refuse_what_they_refuse
 ):
     """Version 8 writes the jobs table's checks in the form PostgreSQL reads fastest (it reads
     them again for every statement that writes jobs): a table of version 7 gets them in place,
-    under the same names, with its rows; they let through and refuse the same rows."""
+    under the same names, with its rows, added without reading the rows under the table's lock
+    and validated by migrate() afterwards; they let through and refuse the same rows."""
     fresh = _checks(db, schema)
     job_id = insert_job(db, schema)
     db.execute(
@@ -288,7 +292,8 @@ def test_a_version_7_table_gets_the_cheaper_checks_which_refuse_what_they_refuse
         upgraded.close()
 
     checks = _checks(db, schema)
-    assert checks == fresh
+    assert checks == fresh  # validated, as a new table's are
+    assert not any(text.endswith("(not validated)") for text in checks.values())
     assert set(checks) == {
         "jobs_mode_check",
         "jobs_status_check",
@@ -314,6 +319,62 @@ def test_a_version_7_table_gets_the_cheaper_checks_which_refuse_what_they_refuse
     # a window with one end open passes, as it did
     for key, start, end in (("e", "2026-01-01", None), ("f", None, "2026-01-01")):
         db.execute(insert, ("initial", "completed", key, start, end))
+
+
+def test_a_row_that_breaks_a_check_does_not_stop_the_upgrade_or_get_lost(
+    app, db, dsn, schema, caplog
+):
+    """The upgrade to version 8 adds the checks without reading the rows under the table's lock
+    (NOT VALID), then validates them in a transaction of its own. A row written while a check was
+    off (here a status check added NOT VALID after it) does not stop the upgrade: the row stays,
+    the check refuses new writes, the log says how to fix it, and validate_checks() validates
+    the check once the row is fixed."""
+    job_id = insert_job(db, schema)
+    jobs = table(schema)
+    db.execute(
+        sql.SQL(
+            "ALTER TABLE {} DROP CONSTRAINT jobs_mode_check, DROP CONSTRAINT jobs_status_check,"
+            " DROP CONSTRAINT jobs_check"
+        ).format(jobs)
+    )
+    db.execute(sql.SQL("UPDATE {} SET status = 'bogus' WHERE id = %s").format(jobs), [job_id])
+    db.execute(
+        sql.SQL(
+            "ALTER TABLE {}"
+            " ADD CONSTRAINT jobs_mode_check CHECK (mode IN ('initial', 'recurring', 'manual')),"
+            " ADD CONSTRAINT jobs_status_check CHECK (status IN ('pending', 'running',"
+            " 'completed', 'failed', 'deferred', 'abandoned', 'cancelled')) NOT VALID,"
+            " ADD CONSTRAINT jobs_check"
+            " CHECK (window_start IS NULL OR window_end IS NULL OR window_start < window_end)"
+        ).format(jobs)
+    )
+    _make_version(db, schema, 7)
+
+    upgraded = SyncLane(dsn, schema=schema)
+    try:
+        with caplog.at_level(logging.WARNING, logger="synclane"):
+            assert upgraded.migrate() == SCHEMA_VERSION
+    finally:
+        upgraded.close()
+
+    checks = _checks(db, schema)
+    assert checks["jobs_status_check"].endswith("(not validated)")
+    assert "ARRAY[" not in checks["jobs_status_check"]
+    assert not checks["jobs_mode_check"].endswith("(not validated)")
+    assert not checks["jobs_check"].endswith("(not validated)")
+    (warning,) = [r.getMessage() for r in caplog.records if "jobs_status_check" in r.getMessage()]
+    assert f'"{schema}".validate_checks()' in warning
+    rows = db.execute(sql.SQL("SELECT id, status FROM {}").format(jobs)).fetchall()
+    assert rows == [(job_id, "bogus")]
+    with pytest.raises(errors.CheckViolation), db.transaction():
+        db.execute(sql.SQL("UPDATE {} SET status = 'wrong' WHERE id = %s").format(jobs), [job_id])
+
+    db.execute(sql.SQL("UPDATE {} SET status = 'failed' WHERE id = %s").format(jobs), [job_id])
+    validate = sql.SQL("SELECT {}()").format(sql.Identifier(schema, "validate_checks"))
+    assert db.execute(validate).fetchone() == ([],)
+    assert _checks(db, schema)["jobs_status_check"] == checks["jobs_status_check"].removesuffix(
+        " NOT VALID (not validated)"
+    )
 
 
 @pytest.mark.parametrize("documented_drop_first", [False, True])

@@ -17,6 +17,12 @@ SELECT max(version) AS version FROM {schema}.schema_version;
 -- serialises start-up DDL of processes that start at once (transaction-scoped, released at commit)
 SELECT pg_advisory_xact_lock(hashtext('synclane schema ' || %(schema)s));
 
+-- name: validate_checks
+-- the checks of jobs that a migration added NOT VALID (version 8) are checked against every row,
+-- after the migration committed: validating reads the table without holding up its readers or
+-- writers (schema.sql, validate_checks); the names of those a row breaks come back
+SELECT {schema}.validate_checks() AS broken;
+
 -- name: workers_alive
 -- the workers that beat within their expiry, by name and synclane version: asked before a
 -- migration that their statements would not survive (fails on a schema without a workers table)
