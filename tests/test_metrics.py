@@ -141,7 +141,22 @@ def test_metrics_scraped_over_http_from_a_worker_process_match_the_table(
             timeout=20,
             what="the worker's beat to say it is idle",
         )
-        samples = _scrape(url)
+
+        # A beat may write "idle" while the worker still reads the answer of the statement that
+        # completed its last job (the beat counted before it was taken): the counters catch up
+        # with the table as soon as it has, and only then are compared in full.
+        def caught_up() -> Samples | None:
+            scraped = _scrape(url)
+            shown = _value(
+                scraped,
+                "synclane_jobs_finished_total",
+                queue="shops",
+                type="orders",
+                outcome="completed",
+            )
+            return scraped if shown == 3 else None
+
+        samples = wait_for(caught_up, timeout=20, what="the worker's counters to reach the table")
 
         # Counters and histograms: the worker's own events, against what the table recorded.
         records = _one(db, "SELECT sum(processed_count) FROM {jobs}", schema)

@@ -255,6 +255,14 @@ def test_the_name_of_a_worker_that_died_is_taken_over_at_once(
     app = _waiting_app(dsn, schema, gate, worker_name="etl")
     with psycopg.connect(dsn) as gone:
         dead_session = gone.info.backend_pid
+    # a closed session's server process ends a moment later (longer on a loaded machine)
+    wait_for(
+        lambda: db.execute(
+            "SELECT NOT EXISTS (SELECT FROM pg_stat_activity WHERE pid = %s)", [dead_session]
+        ).fetchone()[0],  # type: ignore[index]
+        timeout=10,
+        what="the closed session's server process to end",
+    )
     db.execute(
         sql.SQL(
             "INSERT INTO {} (name, instance, host, pid, version, queues, slots, session_pid, "

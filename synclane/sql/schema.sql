@@ -774,8 +774,8 @@ BEGIN
         ORDER BY c.conname
     LOOP
         BEGIN
-            EXECUTE 'ALTER TABLE {schema}.jobs VALIDATE CONSTRAINT '
-                    || pg_catalog.quote_ident(unchecked.conname);
+            EXECUTE pg_catalog.format('ALTER TABLE %I.jobs VALIDATE CONSTRAINT %I',
+                                      {schema_name}, unchecked.conname);
         EXCEPTION WHEN check_violation THEN
             broken := broken || unchecked.conname::text;
         END;
