@@ -15,7 +15,19 @@ from pathlib import Path
 
 import psycopg
 
-from bench import footprint, page, pages, plan, scale, sdk, take, take_loop, throughput, wakeup
+from bench import (
+    footprint,
+    page,
+    pages,
+    plan,
+    scale,
+    sdk,
+    take,
+    take_loop,
+    throughput,
+    upgrade,
+    wakeup,
+)
 from bench.common import bench_dsn
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "performance.md"
@@ -62,6 +74,7 @@ def main() -> None:
             ("Worker footprint", footprint.main()),
             ("Notebook SDK", sdk.main(20_000, 2)),
             ("Planning and retention at scale", scale.smoke()),
+            ("The upgrade to schema 8", upgrade.main(20_000)),
         ]
     else:
         sections = [
