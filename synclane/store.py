@@ -249,17 +249,18 @@ class Store:
                 "tables synclane did not create, such as a jobs table of your own; give synclane "
                 "a schema of its own"
             ) from None
+        quoted = sql.Identifier(self.schema).as_string(None)
         for check in row[0] if row is not None else []:
-            table = f"{sql.Identifier(self.schema).as_string(None)}.jobs"
             log.warning(
-                "schema %r: rows of %s break its check %s (they were written while the check "
-                "was off); it refuses every new write all the same. Find them with the check's "
-                "condition (\\d %s shows it), fix them, then run SELECT %s.validate_checks()",
+                "schema %r: rows of %s.jobs break its check %s (they were written while the "
+                "check was off); it refuses every new write all the same. Find them with the "
+                "check's condition (\\d %s.jobs shows it), fix them, then run SELECT "
+                "%s.validate_checks()",
                 self.schema,
-                table,
+                quoted,
                 check,
-                table,
-                sql.Identifier(self.schema).as_string(None),
+                quoted,
+                quoted,
             )
         return SCHEMA_VERSION
 
