@@ -72,6 +72,8 @@ def _load_all() -> dict[str, str]:
 
 QUERIES = _load_all()
 SCHEMA_SQL = _read("schema.sql")
+# the tables schema.sql creates, in its order
+TABLE_NAMES = re.findall(r"CREATE TABLE IF NOT EXISTS \{schema\}\.(\w+)", SCHEMA_SQL)
 
 
 # PostgreSQL refuses channel names of 64 bytes or more.
@@ -232,8 +234,6 @@ class Store:
             with conn.transaction():
                 conn.execute(self.query("migration_lock"), {"schema": self.schema})
                 conn.execute(render(SCHEMA_SQL, self.schema))
-            with conn.transaction():
-                row = conn.execute(self.query("validate_checks")).fetchone()
         except psycopg.OperationalError:
             raise
         except psycopg.errors.InsufficientPrivilege as error:
@@ -242,13 +242,17 @@ class Store:
                 f"({first_line(error)}); run app.migrate() (or `synclane migrate`) once as a "
                 "role that may, or apply docs/schema.sql, then start with create_schema=False"
             ) from None
-        except psycopg.DatabaseError as error:
-            # The DDL is idempotent on synclane's own tables; it fails on someone else's.
+        except psycopg.errors.ReadOnlySqlTransaction:
             raise SchemaError(
-                f"schema {self.schema!r} could not be set up ({first_line(error)}): it holds "
-                "tables synclane did not create, such as a jobs table of your own; give synclane "
-                "a schema of its own"
+                f"schema {self.schema!r} cannot be created or upgraded on a read-only connection "
+                "(a standby, or default_transaction_read_only is on for this role or database): "
+                "run app.migrate() (or `synclane migrate`) once against the primary with a "
+                "connection that may write"
             ) from None
+        except psycopg.DatabaseError as error:
+            raise self._migration_failed(conn, version, error) from None
+        with conn.transaction():
+            row = conn.execute(self.query("validate_checks")).fetchone()
         quoted = sql.Identifier(self.schema).as_string(None)
         for check in row[0] if row is not None else []:
             log.warning(
@@ -263,6 +267,29 @@ class Store:
                 quoted,
             )
         return SCHEMA_VERSION
+
+    def _migration_failed(
+        self, conn: psycopg.Connection[Any], version: int | None, error: psycopg.Error
+    ) -> SchemaError:
+        """The error of a migration whose DDL failed (its transaction rolled back). The DDL is
+        idempotent on synclane's own tables, so on a schema without a version table a table by
+        one of synclane's names is someone else's; any other failure is told as the server
+        said it."""
+        if version is None:
+            asked = {"schema": self.schema, "names": TABLE_NAMES}
+            found = [row[0] for row in conn.execute(self.query("tables_present"), asked)]
+            conn.commit()
+            if found:
+                return SchemaError(
+                    f"schema {self.schema!r} could not be set up ({first_line(error)}): it holds "
+                    f"a table synclane did not create ({', '.join(found)}); give synclane a "
+                    "schema of its own"
+                )
+        step = "created" if version is None else f"upgraded from version {version}"
+        return SchemaError(
+            f"schema {self.schema!r} could not be {step} to version {SCHEMA_VERSION}: "
+            f"{first_line(error)}; nothing was changed (the migration is one transaction)"
+        )
 
     def check_version(self, conn: psycopg.Connection[Any]) -> None:
         version = self.current_version(conn)

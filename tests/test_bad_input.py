@@ -576,12 +576,49 @@ def test_a_schema_holding_someone_else_s_jobs_table_is_refused_clearly(
     db.execute(
         sql.SQL("CREATE TABLE {} (id int, title text)").format(sql.Identifier(schema, "jobs"))
     )
-    with pytest.raises(SchemaError, match="tables synclane did not create"):
+    with pytest.raises(SchemaError, match=r"holds a table synclane did not create \(jobs\)"):
         SyncLane(dsn, schema=schema)
     columns = db.execute(
         "SELECT count(*) FROM information_schema.columns WHERE table_schema = %s", [schema]
     ).fetchone()
     assert columns == (2,), "someone else's table was changed"
+
+
+def test_a_migration_on_a_read_only_connection_says_so_and_names_the_fix(
+    dsn: str, db: psycopg.Connection[Any], schema: str
+) -> None:
+    """A standby, or a role whose transactions are read-only by default: the error said the
+    schema held tables synclane did not create, which sent people looking for a table."""
+    read_only = psycopg.conninfo.make_conninfo(dsn, options="-c default_transaction_read_only=on")
+    with pytest.raises(SchemaError) as raised:
+        SyncLane(read_only, schema=schema)
+    message = str(raised.value)
+    assert "read-only" in message and "primary" in message, message
+    assert "did not create" not in message, message
+    assert (
+        db.execute("SELECT count(*) FROM pg_namespace WHERE nspname = %s", [schema]).fetchone()[0]
+        == 0
+    )
+
+
+def test_a_migration_that_fails_for_another_reason_quotes_the_server(
+    dsn: str, db: psycopg.Connection[Any], schema: str
+) -> None:
+    """A failure that is not someone else's table is told as the server said it, with what
+    became of the schema; not as a table of someone else's."""
+    db.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+    db.execute(
+        sql.SQL("CREATE FUNCTION {}() RETURNS int LANGUAGE sql AS 'SELECT 1'").format(
+            sql.Identifier(schema, "validate_checks")
+        )
+    )
+    with pytest.raises(SchemaError) as raised:
+        SyncLane(dsn, schema=schema)
+    message = str(raised.value)
+    assert "cannot change return type of existing function" in message, message
+    assert "did not create" not in message and "nothing was changed" in message, message
+    tables = db.execute("SELECT count(*) FROM pg_tables WHERE schemaname = %s", [schema]).fetchone()
+    assert tables == (0,), "the failed migration left tables behind"
 
 
 def test_a_worker_refuses_a_schema_made_by_a_newer_synclane(

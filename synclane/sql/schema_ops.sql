@@ -13,6 +13,13 @@ SELECT EXISTS (
 -- the newest schema version applied
 SELECT max(version) AS version FROM {schema}.schema_version;
 
+-- name: tables_present
+-- which of the tables synclane creates already exist in a schema that has no version table (a
+-- failed first migration: someone else's table by one of these names is the likely cause)
+SELECT tablename FROM pg_catalog.pg_tables
+WHERE schemaname = %(schema)s AND tablename = ANY (%(names)s)
+ORDER BY array_position(%(names)s, tablename::text);
+
 -- name: migration_lock
 -- serialises start-up DDL of processes that start at once (transaction-scoped, released at commit)
 SELECT pg_advisory_xact_lock(hashtext('synclane schema ' || %(schema)s));
