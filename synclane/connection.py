@@ -21,6 +21,7 @@ from psycopg_pool import AsyncConnectionPool
 from synclane.errors import DatabaseUnavailable, first_line
 from synclane.model import ConfigError
 from synclane.params import WORKER_ADAPTERS
+from synclane.read_only import AsyncReadOnlyAwareCursor, ReadOnlyAwareCursor
 from synclane.store import WORKER_SESSION, Store
 
 # libpq parameters whose values are secrets
@@ -228,6 +229,7 @@ class Database:
                 autocommit=True,
                 connect_timeout=10,
                 application_name="synclane",
+                cursor_factory=ReadOnlyAwareCursor,
                 **self.connection_options,
             )
         except psycopg.OperationalError as error:
@@ -287,6 +289,7 @@ class Database:
                 "autocommit": True,
                 "application_name": "synclane-worker",
                 "context": WORKER_ADAPTERS,
+                "cursor_factory": AsyncReadOnlyAwareCursor,
                 **self.connection_options,
             },
             # through a transaction pooler a session setting would reach whoever gets the

@@ -17,6 +17,7 @@ from psycopg import sql
 
 from synclane.errors import SchemaError, first_line
 from synclane.model import ConfigError, unstorable
+from synclane.read_only import ServerReadOnly
 
 log = logging.getLogger("synclane")
 
@@ -234,6 +235,13 @@ class Store:
             with conn.transaction():
                 conn.execute(self.query("migration_lock"), {"schema": self.schema})
                 conn.execute(render(SCHEMA_SQL, self.schema))
+        except (psycopg.errors.ReadOnlySqlTransaction, ServerReadOnly):
+            raise SchemaError(
+                f"schema {self.schema!r} cannot be created or upgraded on a read-only connection "
+                "(a standby, or default_transaction_read_only is on for this role or database): "
+                "run app.migrate() (or `synclane migrate`) once against the primary with a "
+                "connection that may write"
+            ) from None
         except psycopg.OperationalError:
             raise
         except psycopg.errors.InsufficientPrivilege as error:
@@ -241,13 +249,6 @@ class Store:
                 f"schema {self.schema!r} cannot be created or upgraded by this role "
                 f"({first_line(error)}); run app.migrate() (or `synclane migrate`) once as a "
                 "role that may, or apply docs/schema.sql, then start with create_schema=False"
-            ) from None
-        except psycopg.errors.ReadOnlySqlTransaction:
-            raise SchemaError(
-                f"schema {self.schema!r} cannot be created or upgraded on a read-only connection "
-                "(a standby, or default_transaction_read_only is on for this role or database): "
-                "run app.migrate() (or `synclane migrate`) once against the primary with a "
-                "connection that may write"
             ) from None
         except psycopg.DatabaseError as error:
             raise self._migration_failed(conn, version, error) from None

@@ -42,6 +42,7 @@ from synclane.connection import Database
 from synclane.errors import error_text
 from synclane.model import ConfigError
 from synclane.params import Bigints
+from synclane.read_only import AsyncReadOnlyAwareCursor
 from synclane.version import __version__
 from synclane.wakeup import channel, notify_work_async
 from synclane.worker.outage import OUTAGE_BACKOFF
@@ -200,12 +201,14 @@ class Presence:
                 autocommit=True,
                 connect_timeout=10,
                 application_name=label,
+                cursor_factory=AsyncReadOnlyAwareCursor,
             )
         return await psycopg.AsyncConnection.connect(
             self.database.dsn,
             autocommit=True,
             connect_timeout=10,
             application_name=label,
+            cursor_factory=AsyncReadOnlyAwareCursor,
             **self.database.connection_options,
         )
 

@@ -24,6 +24,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from synclane.params import Bigints, Uuids
+from synclane.read_only import AsyncReadOnlyAwareRawCursor
 from synclane.store import Store
 from synclane.worker.outage import OUTAGE_BACKOFF, Outage
 from synclane.worker.shared import Shared
@@ -106,7 +107,7 @@ async def take_front(
     worker's own, so that it can find them after a lost answer: taken_by_tokens; a fresh one
     when not given) and the job's id. Raises psycopg.errors.UniqueViolation when another worker
     won a lane at the same instant: nothing was written then, the completions included."""
-    cur = psycopg.AsyncRawCursor(conn, row_factory=dict_row)
+    cur = AsyncReadOnlyAwareRawCursor(conn, row_factory=dict_row)
     params = {
         "token": token or uuid4(),
         "lane_width": lane_width,
@@ -152,7 +153,7 @@ async def take_by_lane(
     """One job from the lanes whose hint says a job may be due: for when the front of the line
     waits behind busy lanes. Also whether a look again may find one (this look read a full
     batch of lanes, parking or moving each). Raises UniqueViolation like take_front."""
-    cur = psycopg.AsyncRawCursor(conn, row_factory=dict_row)
+    cur = AsyncReadOnlyAwareRawCursor(conn, row_factory=dict_row)
     params = {
         "queue": queue,
         "worker": worker,

@@ -1,0 +1,134 @@
+"""A worker whose server turns read-only under it: a failover where the DSN's host name still
+points at the old primary, now a standby, or at a replica for a while (managed PostgreSQL's
+writer endpoints do this until their DNS follows). Every write then fails with
+"cannot execute UPDATE in a read-only transaction" on connections that are otherwise fine.
+
+Simulated for one role, so that other tests on the server are untouched: the worker's role gets
+`default_transaction_read_only = on` and its sessions are ended, so that the worker's pool
+reconnects to a "standby"; later the setting is reset (the "primary" is back), and only new
+sessions can write again, as only new connections reach the new primary after a failover.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import psycopg
+import pytest
+from apps import products_queue
+from psycopg import sql
+from roles import dsn_as
+from workers import job_row
+
+from synclane import Page, SyncLane
+from synclane.testing import make_app, running_worker, wait_for
+
+
+def _read_only(db: psycopg.Connection[Any], role: str, on: bool) -> None:
+    setting = (
+        "SET default_transaction_read_only = on" if on else "RESET default_transaction_read_only"
+    )
+    db.execute(sql.SQL("ALTER ROLE {} " + setting).format(sql.Identifier(role)))
+
+
+def _end_sessions(db: psycopg.Connection[Any], role: str) -> None:
+    db.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", [role])
+
+
+def test_a_worker_on_a_server_turned_read_only_waits_says_so_once_and_resumes(
+    app: SyncLane,
+    dsn: str,
+    schema: str,
+    db: psycopg.Connection[Any],
+    roles: dict[str, str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    role = roles["worker"]
+    worker_app = make_app(dsn_as(dsn, role), schema)
+    products_queue(worker_app, "shops", concurrency=2)
+    products_queue(app, "shops", concurrency=2)
+    first = app.enqueue("shops", "acme", "products")
+    try:
+        with running_worker(worker_app):
+            wait_for(lambda: job_row(db, schema, first)["status"] == "completed", 20, "a first job")
+            _read_only(db, role, True)
+            _end_sessions(db, role)
+            caplog.clear()
+            with caplog.at_level(logging.INFO, logger="synclane"):
+                later = [app.enqueue("shops", f"shop-{n}", "products") for n in range(3)]
+                time.sleep(3)
+                assert all(job_row(db, schema, j)["status"] == "pending" for j in later)
+                _read_only(db, role, False)  # the primary is back; the open sessions stay read-only
+                wait_for(
+                    lambda: all(job_row(db, schema, j)["status"] == "completed" for j in later),
+                    15,
+                    "the jobs added while the server was read-only, once it can write",
+                )
+            said = [r for r in caplog.records if "read-only" in r.getMessage()]
+            assert said, [r.getMessage() for r in caplog.records]
+            assert not [r for r in caplog.records if r.exc_info], "a traceback for an outage"
+    finally:
+        _read_only(db, role, False)
+        worker_app.close()
+    for job_id in later:
+        row = job_row(db, schema, job_id)
+        assert (row["attempt_count"], row["error"]) == (1, None), row
+
+
+def test_a_job_whose_server_turns_read_only_between_pages_loses_no_page(
+    app: SyncLane, dsn: str, schema: str, db: psycopg.Connection[Any], roles: dict[str, str]
+) -> None:
+    """The page that ended while the server was read-only is saved once it can write, or run
+    again from the cursor saved before it: the job ends with every page counted once."""
+    role = roles["worker"]
+    worker_app = make_app(dsn_as(dsn, role), schema)
+    pages: list[str | None] = []
+
+    def five_pages(job: Any) -> Page:
+        pages.append(job.cursor)
+        time.sleep(0.5)
+        number = int(job.cursor or 0) + 1
+        return Page(None if number == 5 else str(number), 1)
+
+    products_queue(worker_app, "shops", handler=five_pages)
+    products_queue(app, "shops")
+    job_id = app.enqueue("shops", "acme", "products")
+    try:
+        with running_worker(worker_app):
+            wait_for(lambda: len(pages) >= 2, 20, "the job's second page")
+            _read_only(db, role, True)
+            _end_sessions(db, role)
+            time.sleep(2)
+            _read_only(db, role, False)
+            wait_for(lambda: job_row(db, schema, job_id)["status"] == "completed", 20, "the job")
+    finally:
+        _read_only(db, role, False)
+        worker_app.close()
+    row = job_row(db, schema, job_id)
+    assert (row["processed_count"], row["error"]) == (5, None), row
+    assert set(pages) == {None, "1", "2", "3", "4"}, pages
+
+
+def test_an_operation_on_a_read_only_server_says_so_and_the_next_reaches_the_primary(
+    app: SyncLane, dsn: str, schema: str, db: psycopg.Connection[Any], roles: dict[str, str]
+) -> None:
+    """The app's shared connection was kept after the refusal: once the primary was back,
+    every later call still went to the read-only session."""
+    role = roles["worker"]
+    caller = make_app(dsn_as(dsn, role), schema)
+    products_queue(caller, "shops")
+    products_queue(app, "shops")
+    try:
+        caller.enqueue("shops", "acme", "products")  # the shared connection is open
+        _read_only(db, role, True)
+        _end_sessions(db, role)
+        with pytest.raises(psycopg.OperationalError, match="read-only"):
+            caller.requeue("shops", owner="acme")
+        _read_only(db, role, False)
+        assert caller.enqueue("shops", "globex", "products") > 0
+        assert caller.requeue("shops", owner="acme") == 0
+    finally:
+        _read_only(db, role, False)
+        caller.close()
