@@ -8,6 +8,7 @@ from synclane.app import SyncLane
 from synclane.errors import DatabaseUnavailable, OwnerSourceError, SchemaError, WorkerDied
 from synclane.model import Abandon, ConfigError, Job, Owner, Page, Rate, Throttled
 from synclane.queues import Queue
+from synclane.read_only import ServerReadOnly
 from synclane.version import __version__ as __version__
 
 __all__ = [
@@ -21,6 +22,7 @@ __all__ = [
     "Queue",
     "Rate",
     "SchemaError",
+    "ServerReadOnly",
     "SyncLane",
     "Throttled",
     "WorkerDied",

@@ -22,7 +22,7 @@ from psycopg import sql
 from roles import dsn_as
 from workers import job_row
 
-from synclane import Page, SyncLane
+from synclane import Page, ServerReadOnly, SyncLane
 from synclane.testing import make_app, running_worker, wait_for
 
 
@@ -124,7 +124,7 @@ def test_an_operation_on_a_read_only_server_says_so_and_the_next_reaches_the_pri
         caller.enqueue("shops", "acme", "products")  # the shared connection is open
         _read_only(db, role, True)
         _end_sessions(db, role)
-        with pytest.raises(psycopg.OperationalError, match="read-only"):
+        with pytest.raises(ServerReadOnly, match="the server is read-only"):
             caller.requeue("shops", owner="acme")
         _read_only(db, role, False)
         assert caller.enqueue("shops", "globex", "products") > 0
