@@ -22,7 +22,7 @@ from synclane.errors import DatabaseUnavailable, first_line
 from synclane.model import ConfigError
 from synclane.params import WORKER_ADAPTERS
 from synclane.read_only import AsyncReadOnlyAwareCursor, ReadOnlyAwareCursor
-from synclane.store import WORKER_SESSION, Store
+from synclane.store import SESSION_ISOLATION, WORKER_SESSION, Store
 
 # libpq parameters whose values are secrets
 _SECRETS = ("password", "sslpassword")
@@ -221,8 +221,9 @@ class Database:
         return None if self.pooled else self.dsn
 
     def connect(self) -> psycopg.Connection[Any]:
-        """A new autocommit connection on the database clock's time zone, UTC (through a
-        transaction pooler the time zone is left to the role: synclane compares instants)."""
+        """A new autocommit connection on the database clock's time zone, UTC, in READ COMMITTED
+        whatever the role's default (through a transaction pooler both are left to the role:
+        synclane compares instants; docs/scaling.md says what a stricter default costs)."""
         try:
             conn = psycopg.connect(
                 self.dsn,
@@ -238,7 +239,7 @@ class Database:
                 "the DSN and that PostgreSQL runs."
             ) from None
         if not self.pooled:
-            conn.execute("SET TIME ZONE 'UTC'")
+            conn.execute(f"SET TIME ZONE 'UTC'; {SESSION_ISOLATION}")
         return conn
 
     @contextmanager

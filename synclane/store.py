@@ -33,6 +33,12 @@ SCHEMA_VERSION = 8
 # lane (see docs/performance.md: the front answers in well under a millisecond).
 FRONT_SIZE = 64
 
+# synclane's statements are written for READ COMMITTED: a take or a write that meets a row another
+# worker just changed rechecks it and goes on. A database's or a role's stricter default
+# (default_transaction_isolation) turns each such meeting into a serialization error, so every
+# session of synclane's own sets it back (a transaction that needs SERIALIZABLE asks for it).
+SESSION_ISOLATION = "SET default_transaction_isolation = 'read committed'"
+
 # Settings of every worker connection. A prepared statement's first executions get custom plans;
 # for the take statement planning costs as much as running (about 0.3 ms each) and the generic
 # plan is the same plan, so workers always use it (docs/performance.md). JIT compiles again at
@@ -40,6 +46,7 @@ FRONT_SIZE = 64
 # take_by_lane whose row estimates crossed jit_above_cost took 370 ms instead of 9).
 WORKER_SESSION = (
     "SET TIME ZONE 'UTC'",
+    SESSION_ISOLATION,
     "SET plan_cache_mode = force_generic_plan",
     "SET jit = off",
 )

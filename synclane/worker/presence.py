@@ -43,6 +43,7 @@ from synclane.errors import error_text
 from synclane.model import ConfigError
 from synclane.params import Bigints
 from synclane.read_only import AsyncReadOnlyAwareCursor
+from synclane.store import SESSION_ISOLATION
 from synclane.version import __version__
 from synclane.wakeup import channel, notify_work_async
 from synclane.worker.outage import OUTAGE_BACKOFF
@@ -195,14 +196,16 @@ class Presence:
     async def _connect(self) -> psycopg.AsyncConnection[Any]:
         # Named after the worker in pg_stat_activity (PostgreSQL keeps 63 bytes of it).
         label = f"synclane-presence {self.name}".encode()[:63].decode(errors="ignore")
-        if self.database.listening is not None:
-            return await psycopg.AsyncConnection.connect(
+        if self.database.listening is not None:  # a session of its own
+            conn = await psycopg.AsyncConnection.connect(
                 self.database.listening,
                 autocommit=True,
                 connect_timeout=10,
                 application_name=label,
                 cursor_factory=AsyncReadOnlyAwareCursor,
             )
+            await conn.execute(SESSION_ISOLATION)
+            return conn
         return await psycopg.AsyncConnection.connect(
             self.database.dsn,
             autocommit=True,
