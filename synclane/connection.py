@@ -22,7 +22,7 @@ from synclane.errors import DatabaseUnavailable, first_line
 from synclane.model import ConfigError
 from synclane.params import WORKER_ADAPTERS
 from synclane.read_only import AsyncReadOnlyAwareCursor, ReadOnlyAwareCursor
-from synclane.store import SESSION_ISOLATION, WORKER_SESSION, Store
+from synclane.store import SESSION, WORKER_SESSION, Store, session_sql
 
 # libpq parameters whose values are secrets
 _SECRETS = ("password", "sslpassword")
@@ -221,9 +221,9 @@ class Database:
         return None if self.pooled else self.dsn
 
     def connect(self) -> psycopg.Connection[Any]:
-        """A new autocommit connection on the database clock's time zone, UTC, in READ COMMITTED
-        whatever the role's default (through a transaction pooler both are left to the role:
-        synclane compares instants; docs/scaling.md says what a stricter default costs)."""
+        """A new autocommit connection with the session settings synclane's statements rely on
+        (store.SESSION: READ COMMITTED, ISO times, UTC), whatever the role's defaults; through a
+        transaction pooler they are left to the role (docs/scaling.md)."""
         try:
             conn = psycopg.connect(
                 self.dsn,
@@ -239,7 +239,7 @@ class Database:
                 "the DSN and that PostgreSQL runs."
             ) from None
         if not self.pooled:
-            conn.execute(f"SET TIME ZONE 'UTC'; {SESSION_ISOLATION}")
+            conn.execute(session_sql(SESSION))
         return conn
 
     @contextmanager
@@ -303,5 +303,4 @@ class Database:
 
 
 async def _configure_worker(conn: psycopg.AsyncConnection[Any]) -> None:
-    for setting in WORKER_SESSION:
-        await conn.execute(setting)
+    await conn.execute(session_sql(WORKER_SESSION))

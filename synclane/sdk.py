@@ -287,16 +287,7 @@ class Reads:
         """One read statement: column names and rows."""
         _check_text(params)
         with self.database.connection() as conn, conn.transaction():
-            # Short aggregates over many rows: compiling them (JIT) costs more than it saves
-            # (bench/sdk.py: progress() over 1M jobs, 0.5 s with JIT, 0.12 s without).
-            conn.execute("SET LOCAL jit = off")
-            # Filters read `(%(owner)s IS NULL OR owner = %(owner)s)`: only a plan made for the
-            # values given turns that into an index lookup, also once psycopg has prepared the
-            # statement (after five calls) and PostgreSQL would switch to a generic plan.
-            conn.execute("SET LOCAL plan_cache_mode = force_custom_plan")
-            # Grouping a hundred thousand open rows or history slices sorts or hashes them: in
-            # memory, not spilled to disk in 4 MB runs (the server's default work_mem).
-            conn.execute("SET LOCAL work_mem = '64MB'")
+            conn.execute(READ_SETTINGS)
             store = self.database.store
             if store.fits_cache(name):
                 cur = conn.execute(store.query(name), params)
@@ -307,6 +298,24 @@ class Reads:
                 cur = psycopg.RawCursor(conn).execute(query, [params[n] for n in names])
             return [d.name for d in cur.description or []], cur.fetchall()
 
+
+# The settings of each read, for its transaction alone (so also through a transaction pooler),
+# sent together:
+# - Short aggregates over many rows: compiling them (JIT) costs more than it saves (bench/sdk.py:
+#   progress() over 1M jobs, 0.5 s with JIT, 0.12 s without).
+# - Filters read `(%(owner)s IS NULL OR owner = %(owner)s)`: only a plan made for the values given
+#   turns that into an index lookup, also once psycopg has prepared the statement (after five
+#   calls) and PostgreSQL would switch to a generic plan.
+# - Grouping a hundred thousand open rows or history slices sorts or hashes them: in memory, not
+#   spilled to disk in 4 MB runs (the server's default work_mem).
+# - psycopg reads times and durations as text only in PostgreSQL's default styles: a database or
+#   role with `DateStyle = 'SQL, DMY'` or `IntervalStyle = 'sql_standard'` made jobs() fail with
+#   "can't parse timestamptz with DateStyle 'SQL, DMY'".
+READ_SETTINGS = (
+    "SET LOCAL jit = off; SET LOCAL plan_cache_mode = force_custom_plan; "
+    "SET LOCAL work_mem = '64MB'; SET LOCAL DateStyle = 'ISO'; "
+    "SET LOCAL IntervalStyle = 'postgres'"
+)
 
 BY = ("queue", "owner", "lane", "type")
 # The most rows jobs() returns at once.

@@ -33,23 +33,39 @@ SCHEMA_VERSION = 8
 # lane (see docs/performance.md: the front answers in well under a millisecond).
 FRONT_SIZE = 64
 
-# synclane's statements are written for READ COMMITTED: a take or a write that meets a row another
-# worker just changed rechecks it and goes on. A database's or a role's stricter default
-# (default_transaction_isolation) turns each such meeting into a serialization error, so every
-# session of synclane's own sets it back (a transaction that needs SERIALIZABLE asks for it).
-SESSION_ISOLATION = "SET default_transaction_isolation = 'read committed'"
-
-# Settings of every worker connection. A prepared statement's first executions get custom plans;
-# for the take statement planning costs as much as running (about 0.3 ms each) and the generic
-# plan is the same plan, so workers always use it (docs/performance.md). JIT compiles again at
-# every execution: for statements that run in about a millisecond it only adds time (a variant of
-# take_by_lane whose row estimates crossed jit_above_cost took 370 ms instead of 9).
-WORKER_SESSION = (
+# What every session of synclane's own sets when it connects (not through a transaction pooler,
+# where a SET would reach whoever gets the server connection next: docs/scaling.md has the role
+# settings instead). A database's or a role's defaults may differ:
+# - synclane's statements are written for READ COMMITTED: a take or a write that meets a row
+#   another worker just changed rechecks it and goes on. A stricter default_transaction_isolation
+#   turns each such meeting into a serialization error (a transaction that needs SERIALIZABLE
+#   asks for it).
+# - psycopg reads times and durations sent as text only in PostgreSQL's default styles: under
+#   `DateStyle = 'SQL, DMY'` the planner failed with "can't parse timestamptz with DateStyle".
+# - The time zone: synclane compares instants, but times read in psql are easier in UTC.
+SESSION = (
     "SET TIME ZONE 'UTC'",
-    SESSION_ISOLATION,
+    "SET default_transaction_isolation = 'read committed'",
+    "SET DateStyle = 'ISO'",
+    "SET IntervalStyle = 'postgres'",
+)
+
+# Settings of every worker connection besides. A prepared statement's first executions get custom
+# plans; for the take statement planning costs as much as running (about 0.3 ms each) and the
+# generic plan is the same plan, so workers always use it (docs/performance.md). JIT compiles
+# again at every execution: for statements that run in about a millisecond it only adds time (a
+# variant of take_by_lane whose row estimates crossed jit_above_cost took 370 ms instead of 9).
+WORKER_SESSION = (
+    *SESSION,
     "SET plan_cache_mode = force_generic_plan",
     "SET jit = off",
 )
+
+
+def session_sql(settings: tuple[str, ...]) -> str:
+    """The settings as one statement: one round trip when a connection opens."""
+    return "; ".join(settings)
+
 
 _NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 

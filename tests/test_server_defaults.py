@@ -19,9 +19,10 @@ import logging
 import time
 from typing import Any
 
+import pandas as pd
 import psycopg
 import pytest
-from apps import products_queue
+from apps import ACCOUNTS, orders_and_products, products_queue
 from psycopg import sql
 from roles import dsn_as
 from workers import job_row
@@ -186,3 +187,60 @@ def test_synclane_s_sessions_run_read_committed_whatever_the_role_s_default(
         assert asyncio.run(_worker_isolation(worker_app)) == "read committed"
     finally:
         worker_app.close()
+
+
+# Columns measured from now(), which moves between the two reads.
+NOW = ["age", "last_seen", "seen_ago", "since"]
+
+STYLES = [
+    "DateStyle = 'SQL, DMY'",
+    "DateStyle = 'German, DMY'",
+    "IntervalStyle = 'sql_standard'",
+    "IntervalStyle = 'iso_8601'",
+]
+
+
+@pytest.mark.parametrize("style", STYLES)
+def test_every_read_gives_the_same_frame_whatever_the_role_s_date_and_interval_style(
+    app: SyncLane,
+    dsn: str,
+    schema: str,
+    db: psycopg.Connection[Any],
+    roles: dict[str, str],
+    style: str,
+) -> None:
+    """psycopg reads times and durations sent as text only in PostgreSQL's default styles: with
+    `ALTER ROLE … SET DateStyle = 'SQL, DMY'` jobs() raised "can't parse timestamptz with
+    DateStyle 'SQL, DMY'"."""
+    role = roles["worker"]
+    db.execute(sql.SQL("ALTER ROLE {} SET " + style).format(sql.Identifier(role)))
+    styled = make_app(dsn_as(dsn, role), schema)
+    try:
+        for each in (app, styled):
+            orders_and_products(each, ACCOUNTS[:2])
+        app.plan()
+        failing = app.enqueue("shops", "broken", "products")
+        db.execute(
+            sql.SQL(
+                "UPDATE {} SET status = 'abandoned', error = 'RuntimeError: no' WHERE id = %s"
+            ).format(sql.Identifier(schema, "jobs")),
+            [failing],
+        )
+        with running_worker(styled):
+            wait_for(lambda: len(app.jobs(status="pending")) == 0, 30, "the jobs to run")
+            reads = {
+                "jobs": lambda a: a.jobs(),
+                "progress": lambda a: a.progress("shops"),
+                "failures": lambda a: a.failures(),
+                "depth": lambda a: a.depth(),
+                "lanes": lambda a: a.lanes(),
+                "coverage": lambda a: a.coverage("shops"),
+                "throughput": lambda a: a.throughput(),
+                "workers": lambda a: a.workers(),
+            }
+            for name, read in reads.items():
+                expected, got = (read(a).drop(columns=NOW, errors="ignore") for a in (app, styled))
+                assert len(expected) > 0 or name in ("depth", "lanes"), name
+                pd.testing.assert_frame_equal(got, expected, obj=f"{name}() under {style}")
+    finally:
+        styled.close()

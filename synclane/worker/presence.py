@@ -43,7 +43,7 @@ from synclane.errors import error_text
 from synclane.model import ConfigError
 from synclane.params import Bigints
 from synclane.read_only import AsyncReadOnlyAwareCursor
-from synclane.store import SESSION_ISOLATION
+from synclane.store import SESSION, session_sql
 from synclane.version import __version__
 from synclane.wakeup import channel, notify_work_async
 from synclane.worker.outage import OUTAGE_BACKOFF
@@ -204,7 +204,7 @@ class Presence:
                 application_name=label,
                 cursor_factory=AsyncReadOnlyAwareCursor,
             )
-            await conn.execute(SESSION_ISOLATION)
+            await conn.execute(session_sql(SESSION))
             return conn
         return await psycopg.AsyncConnection.connect(
             self.database.dsn,
