@@ -4,6 +4,7 @@ secrets), the shared connection for operations, the schema check, and pools for 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import threading
@@ -15,6 +16,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
+from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import AsyncConnectionPool
 
@@ -23,6 +25,8 @@ from synclane.model import ConfigError
 from synclane.params import WORKER_ADAPTERS
 from synclane.read_only import AsyncReadOnlyAwareCursor, ReadOnlyAwareCursor
 from synclane.store import SESSION, WORKER_SESSION, Store, session_sql
+
+log = logging.getLogger("synclane")
 
 # libpq parameters whose values are secrets
 _SECRETS = ("password", "sslpassword")
@@ -187,6 +191,7 @@ class Database:
         # With create_schema=False the schema is checked at the first operation instead, so
         # that `SyncLane(..., create_schema=False).migrate()` works on an empty database.
         self._schema_checked = False
+        self._said_isolation = False
 
     @property
     def where(self) -> str:
@@ -240,7 +245,51 @@ class Database:
             ) from None
         if not self.pooled:
             conn.execute(session_sql(SESSION))
+        else:
+            try:
+                self._check_role_settings(conn)
+            except ConfigError:
+                conn.close()
+                raise
         return conn
+
+    def _check_role_settings(self, conn: psycopg.Connection[Any]) -> None:
+        """Through a transaction pooler the role's settings stand (synclane sets nothing per
+        session): times and durations in styles psycopg cannot read are refused with the fix,
+        a stricter isolation than READ COMMITTED is said once (it works, more slowly)."""
+        row = conn.execute(
+            "SELECT current_user, current_setting('DateStyle'), current_setting('IntervalStyle'), "
+            "current_setting('default_transaction_isolation')"
+        ).fetchone()
+        assert row is not None
+        role, date_style, interval_style, isolation = row
+        fixes = []
+        if not date_style.startswith("ISO"):
+            fixes.append(("DateStyle", date_style, "'ISO, MDY'"))
+        if interval_style != "postgres":
+            fixes.append(("IntervalStyle", interval_style, "'postgres'"))
+        if fixes:
+            quoted = sql.Identifier(role).as_string(conn)
+            raise ConfigError(
+                "through a transaction pooler synclane sets nothing per session, and the role "
+                f"{role!r} has "
+                + " and ".join(f"{name} {value!r}" for name, value, _ in fixes)
+                + ", which psycopg cannot read times in; run "
+                + " ".join(f"ALTER ROLE {quoted} SET {name} = {fix};" for name, _, fix in fixes)
+                + " (docs/scaling.md), then start again"
+            )
+        if isolation != "read committed" and not self._said_isolation:
+            self._said_isolation = True
+            log.warning(
+                "through a transaction pooler synclane sets nothing per session, and the role "
+                "%r runs %s by default: workers that meet on a row get serialization errors and "
+                "send their statements again. ALTER ROLE %s SET default_transaction_isolation = "
+                "'read committed'; gives synclane's statements the isolation they were written "
+                "for (docs/scaling.md)",
+                role,
+                isolation,
+                sql.Identifier(role).as_string(conn),
+            )
 
     @contextmanager
     def connection(self, *, check_schema: bool = True) -> Iterator[psycopg.Connection[Any]]:

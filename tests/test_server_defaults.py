@@ -27,7 +27,7 @@ from psycopg import sql
 from roles import dsn_as
 from workers import job_row
 
-from synclane import Page, ServerReadOnly, SyncLane
+from synclane import ConfigError, Page, ServerReadOnly, SyncLane
 from synclane.testing import make_app, running_worker, wait_for
 
 
@@ -244,3 +244,48 @@ def test_every_read_gives_the_same_frame_whatever_the_role_s_date_and_interval_s
                 pd.testing.assert_frame_equal(got, expected, obj=f"{name}() under {style}")
     finally:
         styled.close()
+
+
+@pytest.mark.parametrize("style", STYLES)
+def test_through_a_transaction_pooler_a_role_whose_styles_psycopg_cannot_read_is_refused(
+    app: SyncLane,
+    dsn: str,
+    schema: str,
+    db: psycopg.Connection[Any],
+    roles: dict[str, str],
+    style: str,
+) -> None:
+    """Through a pooler synclane sets nothing per session, so the role's styles stand: it says
+    so at the first connection, with the ALTER ROLE that fixes it, instead of a planner that
+    fails at every round."""
+    role = roles["worker"]
+    db.execute(sql.SQL("ALTER ROLE {} SET " + style).format(sql.Identifier(role)))
+    with pytest.raises(ConfigError) as raised:
+        SyncLane(dsn_as(dsn, role), schema=schema, pooler="transaction")
+    message = str(raised.value)
+    setting = style.split(" = ")[0]
+    assert f'ALTER ROLE "{role}" SET {setting}' in message, message
+    assert "transaction pooler" in message, message
+    db.execute(sql.SQL("ALTER ROLE {} RESET " + setting).format(sql.Identifier(role)))
+    SyncLane(dsn_as(dsn, role), schema=schema, pooler="transaction").close()
+
+
+def test_through_a_transaction_pooler_a_stricter_isolation_is_said_once(
+    app: SyncLane, dsn: str, schema: str, db: psycopg.Connection[Any], roles: dict[str, str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    role = roles["worker"]
+    db.execute(
+        sql.SQL("ALTER ROLE {} SET default_transaction_isolation = serializable").format(
+            sql.Identifier(role)
+        )
+    )
+    with caplog.at_level(logging.WARNING, logger="synclane"):
+        pooled = SyncLane(dsn_as(dsn, role), schema=schema, pooler="transaction")
+        try:
+            products_queue(pooled, "shops")
+            pooled.enqueue("shops", "acme", "products")
+        finally:
+            pooled.close()
+    said = [r.getMessage() for r in caplog.records if "isolation" in r.getMessage()]
+    assert len(said) == 1 and "read committed" in said[0], said
