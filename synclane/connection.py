@@ -214,8 +214,10 @@ class Database:
     def connection_options(self) -> dict[str, Any]:
         """psycopg connection options for this database's connections: through a transaction
         pooler, nothing prepared on the server (psycopg prepares a statement it sees five times
-        otherwise)."""
-        return {"prepare_threshold": None} if self.pooled else {}
+        otherwise). UTF-8 whatever the role's client_encoding: synclane's statements and the
+        names it stores are UTF-8 (a libpq setting, so it holds through a pooler too)."""
+        unprepared = {"prepare_threshold": None} if self.pooled else {}
+        return {"client_encoding": "UTF8", **unprepared}
 
     @property
     def listening(self) -> str | None:

@@ -49,6 +49,7 @@ from synclane.connection import Database
 from synclane.errors import error_text
 from synclane.events import Event
 from synclane.model import WORKER_STATES
+from synclane.store import READ_STYLES
 
 log = logging.getLogger("synclane")
 
@@ -325,6 +326,7 @@ class TableGauges:
             "statement_timeout": "0" if timeout is None else str(max(1, round(timeout * 1000))),
             "jit": "off",  # short aggregates: compiling them costs more
             "work_mem": "16MB",
+            **READ_STYLES,
         }
 
     def _families_from(self, found: dict[str, Any]) -> list[Metric]:

@@ -50,6 +50,10 @@ SESSION = (
     "SET IntervalStyle = 'postgres'",
 )
 
+# The styles of SESSION as read settings (the page's and the metrics' reads set them for each
+# transaction through a transaction pooler, with `read_settings`, and per session otherwise).
+READ_STYLES = {"datestyle": "ISO", "intervalstyle": "postgres"}
+
 # Settings of every worker connection besides. A prepared statement's first executions get custom
 # plans; for the take statement planning costs as much as running (about 0.3 ms each) and the
 # generic plan is the same plan, so workers always use it (docs/performance.md). JIT compiles

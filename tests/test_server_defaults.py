@@ -28,6 +28,8 @@ from roles import dsn_as
 from workers import job_row
 
 from synclane import ConfigError, Page, ServerReadOnly, SyncLane
+from synclane.dashboard.state import Reader
+from synclane.metrics import TableGauges
 from synclane.testing import make_app, running_worker, wait_for
 
 
@@ -200,7 +202,7 @@ STYLES = [
 ]
 
 
-@pytest.mark.parametrize("style", STYLES)
+@pytest.mark.parametrize("style", [*STYLES, "client_encoding = 'LATIN1'"])
 def test_every_read_gives_the_same_frame_whatever_the_role_s_date_and_interval_style(
     app: SyncLane,
     dsn: str,
@@ -242,6 +244,18 @@ def test_every_read_gives_the_same_frame_whatever_the_role_s_date_and_interval_s
                 expected, got = (read(a).drop(columns=NOW, errors="ignore") for a in (app, styled))
                 assert len(expected) > 0 or name in ("depth", "lanes"), name
                 pd.testing.assert_frame_equal(got, expected, obj=f"{name}() under {style}")
+            # the page's reads and the table's gauges, on connections of their own
+            page = Reader(dsn_as(dsn, role), schema, lambda: ["shops"])
+            try:
+                assert page.state()["summary"], "the page read nothing"
+            finally:
+                page.close()
+            gauges = TableGauges(styled.database, ["shops"], refresh=0)
+            try:
+                up = [f for f in gauges.collect() if f.name == "synclane_table_up"]
+                assert up and up[0].samples[0].value == 1, "the gauges could not read the table"
+            finally:
+                gauges.close()
     finally:
         styled.close()
 

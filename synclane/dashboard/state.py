@@ -28,7 +28,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from synclane.errors import SchemaError
 from synclane.model import Rate
-from synclane.store import Store
+from synclane.store import READ_STYLES, Store
 
 log = logging.getLogger("synclane.dashboard")
 
@@ -158,6 +158,7 @@ class Reader:
             "jit": "off",
             # The counts hash and sort a few hundred thousand unfinished rows at most: in memory.
             "work_mem": "64MB",
+            **READ_STYLES,
         }
 
     def _configure(self, conn: psycopg.Connection[Any]) -> None:
@@ -184,6 +185,7 @@ class Reader:
                         "connect_timeout": 5,
                         "prepare_threshold": None,
                         "application_name": "synclane-dashboard",
+                        "client_encoding": "UTF8",  # as Database.connection_options
                     },
                     configure=self._configure,
                     name="synclane-dashboard",

@@ -39,7 +39,10 @@ ORDER BY w.name;
 
 -- name: read_settings
 -- a read's settings for its own transaction only (through a transaction pooler no session is
--- the reader's): a statement timeout, no JIT compilation, and memory for its counts
+-- the reader's): a statement timeout, no JIT compilation, memory for its counts, and times and
+-- durations in the styles psycopg reads (store.READ_STYLES)
 SELECT set_config('statement_timeout', %(statement_timeout)s, true),
        set_config('jit', %(jit)s, true),
-       set_config('work_mem', %(work_mem)s, true);
+       set_config('work_mem', %(work_mem)s, true),
+       set_config('DateStyle', %(datestyle)s, true),
+       set_config('IntervalStyle', %(intervalstyle)s, true);

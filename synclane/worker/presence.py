@@ -203,6 +203,7 @@ class Presence:
                 connect_timeout=10,
                 application_name=label,
                 cursor_factory=AsyncReadOnlyAwareCursor,
+                client_encoding="UTF8",
             )
             await conn.execute(session_sql(SESSION))
             return conn
