@@ -143,18 +143,25 @@ def test_metrics_scraped_over_http_from_a_worker_process_match_the_table(
         )
 
         # A beat may write "idle" while the worker still reads the answer of the statement that
-        # completed its last job (the beat counted before it was taken): the counters catch up
-        # with the table as soon as it has, and only then are compared in full.
+        # finished its last job (the beat counted before it was taken): the counters catch up
+        # with the table as soon as it has, and only then are compared in full. Every outcome is
+        # waited for: the abandoned job's counter once lagged behind the completed ones.
         def caught_up() -> Samples | None:
             scraped = _scrape(url)
-            shown = _value(
-                scraped,
-                "synclane_jobs_finished_total",
-                queue="shops",
-                type="orders",
-                outcome="completed",
-            )
-            return scraped if shown == 3 else None
+            try:
+                shown = [
+                    _value(
+                        scraped,
+                        "synclane_jobs_finished_total",
+                        queue="shops",
+                        type="orders",
+                        outcome=outcome,
+                    )
+                    for outcome in ("completed", "failed", "abandoned")
+                ]
+            except AssertionError:  # an outcome not counted yet has no sample
+                return None
+            return scraped if shown == [3, 1, 1] else None
 
         samples = wait_for(caught_up, timeout=20, what="the worker's counters to reach the table")
 
