@@ -56,7 +56,7 @@ def _end_sessions(db: psycopg.Connection[Any], role: str) -> None:
     db.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", [role])
 
 
-def test_a_worker_on_a_server_turned_read_only_waits_says_so_once_and_resumes(
+def test_a_worker_on_a_server_turned_read_only_waits_says_why_and_resumes(
     app: SyncLane,
     dsn: str,
     schema: str,
