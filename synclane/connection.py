@@ -265,13 +265,13 @@ class Database:
         ).fetchone()
         assert row is not None
         role, date_style, interval_style, isolation = row
+        quoted = sql.Identifier(role).as_string(conn)
         fixes = []
         if not date_style.startswith("ISO"):
             fixes.append(("DateStyle", date_style, "'ISO, MDY'"))
         if interval_style != "postgres":
             fixes.append(("IntervalStyle", interval_style, "'postgres'"))
         if fixes:
-            quoted = sql.Identifier(role).as_string(conn)
             raise ConfigError(
                 "through a transaction pooler synclane sets nothing per session, and the role "
                 f"{role!r} has "
@@ -290,7 +290,7 @@ class Database:
                 "for (docs/scaling.md)",
                 role,
                 isolation,
-                sql.Identifier(role).as_string(conn),
+                quoted,
             )
 
     @contextmanager

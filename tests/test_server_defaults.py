@@ -33,11 +33,14 @@ from synclane.metrics import TableGauges
 from synclane.testing import make_app, running_worker, wait_for
 
 
+def _alter_role(db: psycopg.Connection[Any], role: str, change: str) -> None:
+    """`ALTER ROLE <role> <change>`, e.g. change="SET DateStyle = 'SQL, DMY'" (test constants)."""
+    db.execute(sql.SQL("ALTER ROLE {} " + change).format(sql.Identifier(role)))
+
+
 def _read_only(db: psycopg.Connection[Any], role: str, on: bool) -> None:
-    setting = (
-        "SET default_transaction_read_only = on" if on else "RESET default_transaction_read_only"
-    )
-    db.execute(sql.SQL("ALTER ROLE {} " + setting).format(sql.Identifier(role)))
+    setting = "default_transaction_read_only"
+    _alter_role(db, role, f"SET {setting} = on" if on else f"RESET {setting}")
 
 
 async def _worker_isolation(app: SyncLane) -> str:
@@ -168,11 +171,7 @@ def test_synclane_s_sessions_run_read_committed_whatever_the_role_s_default(
     each such meeting failed with a serialization error instead: 400 jobs took 8.2 s instead of
     1.5, and the reclaimer logged "cannot reach the database (SerializationFailure …)"."""
     role = roles["worker"]
-    db.execute(
-        sql.SQL("ALTER ROLE {} SET default_transaction_isolation = {}").format(
-            sql.Identifier(role), sql.Literal(level)
-        )
-    )
+    _alter_role(db, role, f"SET default_transaction_isolation = '{level}'")
     worker_app = make_app(dsn_as(dsn, role), schema)
     try:
         with worker_app.connection() as conn:
@@ -215,7 +214,7 @@ def test_every_read_gives_the_same_frame_whatever_the_role_s_date_and_interval_s
     `ALTER ROLE … SET DateStyle = 'SQL, DMY'` jobs() raised "can't parse timestamptz with
     DateStyle 'SQL, DMY'"."""
     role = roles["worker"]
-    db.execute(sql.SQL("ALTER ROLE {} SET " + style).format(sql.Identifier(role)))
+    _alter_role(db, role, f"SET {style}")
     styled = make_app(dsn_as(dsn, role), schema)
     try:
         for each in (app, styled):
@@ -273,14 +272,14 @@ def test_through_a_transaction_pooler_a_role_whose_styles_psycopg_cannot_read_is
     so at the first connection, with the ALTER ROLE that fixes it, instead of a planner that
     fails at every round."""
     role = roles["worker"]
-    db.execute(sql.SQL("ALTER ROLE {} SET " + style).format(sql.Identifier(role)))
+    _alter_role(db, role, f"SET {style}")
     with pytest.raises(ConfigError) as raised:
         SyncLane(dsn_as(dsn, role), schema=schema, pooler="transaction")
     message = str(raised.value)
     setting = style.split(" = ")[0]
     assert f'ALTER ROLE "{role}" SET {setting}' in message, message
     assert "transaction pooler" in message, message
-    db.execute(sql.SQL("ALTER ROLE {} RESET " + setting).format(sql.Identifier(role)))
+    _alter_role(db, role, f"RESET {setting}")
     SyncLane(dsn_as(dsn, role), schema=schema, pooler="transaction").close()
 
 
@@ -289,11 +288,7 @@ def test_through_a_transaction_pooler_a_stricter_isolation_is_said_once(
     caplog: pytest.LogCaptureFixture,
 ) -> None:  # fmt: skip
     role = roles["worker"]
-    db.execute(
-        sql.SQL("ALTER ROLE {} SET default_transaction_isolation = serializable").format(
-            sql.Identifier(role)
-        )
-    )
+    _alter_role(db, role, "SET default_transaction_isolation = serializable")
     with caplog.at_level(logging.WARNING, logger="synclane"):
         pooled = SyncLane(dsn_as(dsn, role), schema=schema, pooler="transaction")
         try:
