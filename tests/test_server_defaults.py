@@ -228,7 +228,13 @@ def test_every_read_gives_the_same_frame_whatever_the_role_s_date_and_interval_s
             [failing],
         )
         with running_worker(styled):
-            wait_for(lambda: len(app.jobs(status="pending")) == 0, 30, "the jobs to run")
+            # no job pending or running: a job that finished between the two reads of a pair
+            # would tell them apart
+            wait_for(
+                lambda: not app.jobs().status.isin(["pending", "running"]).any(),
+                30,
+                "the jobs to finish",
+            )
             reads = {
                 "jobs": lambda a: a.jobs(),
                 "progress": lambda a: a.progress("shops"),
