@@ -304,3 +304,52 @@ def test_through_a_transaction_pooler_a_stricter_isolation_is_said_once(
             pooled.close()
     said = [r.getMessage() for r in caplog.records if "isolation" in r.getMessage()]
     assert len(said) == 1 and "read committed" in said[0], said
+
+
+def test_a_statement_the_server_refuses_is_not_logged_as_an_unreachable_database(
+    app: SyncLane,
+    dsn: str,
+    schema: str,
+    db: psycopg.Connection[Any],
+    roles: dict[str, str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A role's `lock_timeout`, and a user's transaction that holds the jobs table (a migration of
+    their own, a `LOCK TABLE`): every take ends in "canceling statement due to lock timeout".
+    The server answered; the worker logged "cannot reach the database (LockNotAvailable …)",
+    which sends whoever reads it to the network. It says the database refused the statement,
+    once, and once that it takes them again; the job runs when the lock goes."""
+    role = roles["worker"]
+    _alter_role(db, role, "SET lock_timeout = '100ms'")
+    worker_app = make_app(dsn_as(dsn, role), schema)
+    products_queue(worker_app, "shops")
+    products_queue(app, "shops")
+    job_id = app.enqueue("shops", "acme", "products")
+    try:
+        with caplog.at_level(logging.INFO, logger="synclane"), psycopg.connect(dsn) as holder:
+            holder.execute(
+                sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(
+                    sql.Identifier(schema, "jobs")
+                )
+            )
+            with running_worker(worker_app):
+                wait_for(
+                    lambda: any("refused" in r.getMessage() for r in caplog.records),
+                    15,
+                    "the worker to say that the database refused its statement",
+                )
+                holder.rollback()
+                wait_for(
+                    lambda: job_row(db, schema, job_id)["status"] == "completed",
+                    15,
+                    "the job, once the lock is gone",
+                )
+    finally:
+        worker_app.close()
+    said = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
+    assert not [line for line in said if "cannot reach" in line], said
+    refused = [line for line in said if "refused" in line]
+    assert len(refused) == 1, said
+    assert "LockNotAvailable: canceling statement due to lock timeout" in refused[0], refused
+    assert [line for line in said if "takes the statements again" in line], said
+    assert not [r for r in caplog.records if r.exc_info], "a traceback for a refused statement"

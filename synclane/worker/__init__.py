@@ -565,14 +565,21 @@ class Worker:
         writer = self._crew.writer
         while not self.stopping:
             for queue in self.queues:
+                # an outage (or a refused statement) is said once by the writer's Outage; a
+                # chore that fails otherwise says so at each round
                 try:
                     woken = await self._mend_lanes(queue)
+                except psycopg.OperationalError as error:
+                    writer.outage.lost(f"queue {queue.name}: mending the lanes' hints", error)
+                    woken = 0
                 except psycopg.Error as error:
                     log.warning("mending the lanes' hints failed: %s", error_text(error))
                     woken = 0
                 try:
                     rows, freed = await reclaim(writer, queue)
-                except (psycopg.Error, LeaseLost) as error:
+                except LeaseLost:
+                    continue  # the database stayed away or refused: said by the writer
+                except psycopg.Error as error:
                     log.warning("reclaiming expired leases failed: %s", error_text(error))
                     continue
                 for row in rows:

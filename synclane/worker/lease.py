@@ -27,7 +27,7 @@ from psycopg_pool import AsyncConnectionPool
 from synclane.model import Rate
 from synclane.params import Bigints, Uuids
 from synclane.store import Store
-from synclane.worker.outage import OUTAGE_BACKOFF, Outage
+from synclane.worker.outage import OUTAGE_BACKOFF, Outage, outage_text
 from synclane.worker.shared import Shared
 from synclane.worker.taker import LeasedJob
 
@@ -62,9 +62,12 @@ class Writer:
         name: str,
         statement: Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]],
         patience: float,
+        *,
+        chore: bool = False,
     ) -> T:
-        """The statement's result; retried while the database is unreachable for up to
-        `patience` seconds, then LeaseLost (the job is left to lease expiry)."""
+        """The statement's result; retried while the database is unreachable or refuses it for
+        up to `patience` seconds, then LeaseLost (the job is left to lease expiry). A `chore`
+        (tried again at its next round) gives up without a word: the outage was said once."""
         deadline = time.monotonic() + patience
         for delay in (*OUTAGE_BACKOFF, None):
             try:
@@ -74,8 +77,10 @@ class Writer:
                 if isinstance(error, psycopg.OperationalError):
                     self.outage.lost(name, error)
                 if delay is None or time.monotonic() + delay > deadline:
-                    log.warning("giving up on %s after a database outage: %s", name, error)
-                    raise LeaseLost("the database was unreachable for too long") from error
+                    reason = self.outage.too_long()
+                    if not chore:
+                        log.warning("giving up on %s: %s (%s)", name, reason, outage_text(error))
+                    raise LeaseLost(reason) from error
                 await asyncio.sleep(delay)
                 continue
             self.outage.reached()

@@ -23,7 +23,8 @@ Rows = list[dict[str, Any]]
 
 async def reclaim(writer: Writer, queue: Queue) -> tuple[Rows, int]:
     """(the jobs reclaimed, as rows; how many held leases were let go). Raises LeaseLost when
-    the database stayed away for half a lease."""
+    the database stayed away (or refused the statement) for half a lease: the outage is said once
+    by the writer, and the next round tries again."""
     store = writer.store
     key = uuid4()
     params = {"queue": queue.name, "max_attempts": queue.settings.max_attempts, "key": key}
@@ -52,4 +53,4 @@ async def reclaim(writer: Writer, queue: Queue) -> tuple[Rows, int]:
         return rows, freed
 
     patience = queue.settings.lease_duration.total_seconds() / 2
-    return await writer.run("reclaim_expired", statement, patience)
+    return await writer.run("reclaim_expired", statement, patience, chore=True)
