@@ -35,7 +35,9 @@ class AnswerDropper:
         self._marker: bytes | None = None
         self.dropped = 0
         self._closed = False
-        threading.Thread(target=self._accept, daemon=True).start()
+        self._sockets: list[socket.socket] = []  # each relayed connection's two ends
+        self._threads = [threading.Thread(target=self._accept, daemon=True)]
+        self._threads[0].start()
 
     def drop_answer_to(self, marker: str) -> None:
         """The next client message containing `marker` runs; its answer never arrives."""
@@ -48,8 +50,19 @@ class AnswerDropper:
             return self._marker is not None
 
     def close(self) -> None:
+        """Stop accepting, cut every relayed connection and wait for the proxy's threads: a
+        listening socket closed under a thread blocked in accept() does not wake it on Linux,
+        and a relay waits for as long as its connection lives, so each would outlive the test."""
         self._closed = True
+        with suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accept() with an error
         self._listener.close()
+        with self._lock:
+            for sock in self._sockets:
+                _close(sock)
+        for thread in self._threads:
+            thread.join(timeout=5)
+            assert not thread.is_alive(), f"the proxy's {thread.name} did not stop"
 
     def _accept(self) -> None:
         while not self._closed:
@@ -59,12 +72,21 @@ class AnswerDropper:
                 return
             server = self._connect_upstream()
             doomed = threading.Event()
-            threading.Thread(
-                target=self._upstream, args=(client, server, doomed), daemon=True
-            ).start()
-            threading.Thread(
-                target=self._downstream, args=(server, client, doomed), daemon=True
-            ).start()
+            relays = [
+                threading.Thread(target=self._upstream, args=(client, server, doomed), daemon=True),
+                threading.Thread(
+                    target=self._downstream, args=(server, client, doomed), daemon=True
+                ),
+            ]
+            with self._lock:
+                if self._closed:  # closed while this connection came in
+                    _close(client)
+                    _close(server)
+                    return
+                self._sockets += [client, server]
+                self._threads += relays
+            for relay in relays:
+                relay.start()
 
     def _connect_upstream(self) -> socket.socket:
         if isinstance(self._target, str):
