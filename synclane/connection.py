@@ -126,10 +126,12 @@ RECONNECT_DELAYS = (0.2, 0.5, 1.0, 2.0, 5.0)
 
 
 def lost_connection(error: psycopg.OperationalError) -> bool:
-    """Whether the connection went away under a statement (no answer, or the server shutting
-    down): what it did may have committed. An error the server answered with (a statement
-    timeout, a lock not available) rolled the statement back."""
-    return error.sqlstate is None or error.sqlstate.startswith("57P")
+    """Whether the connection went away under a statement (no answer, a connection exception,
+    or the server shutting down): what it did may have committed. An error the server answered
+    with (a statement timeout, a lock not available, a serialization failure) rolled the
+    statement back: nothing was written."""
+    state = error.sqlstate
+    return state is None or state.startswith(("08", "57P"))
 
 
 def check_pooler(pooler: object) -> str | None:

@@ -353,3 +353,50 @@ def test_a_statement_the_server_refuses_is_not_logged_as_an_unreachable_database
     assert "LockNotAvailable: canceling statement due to lock timeout" in refused[0], refused
     assert [line for line in said if "takes the statements again" in line], said
     assert not [r for r in caplog.records if r.exc_info], "a traceback for a refused statement"
+
+
+def test_a_take_the_server_refuses_is_not_taken_for_a_lost_answer(
+    app: SyncLane,
+    dsn: str,
+    schema: str,
+    db: psycopg.Connection[Any],
+    roles: dict[str, str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A take answered with an error (here a lock timeout) rolled back: nothing was taken. The
+    taker treated it as an answer lost on the way and asked the table what its tokens had taken,
+    through the same lock, for up to 9 s of backoff per slot, before the slot backed off."""
+    from synclane.worker import taker
+
+    asked: list[object] = []
+    recover = taker.taken_by_tokens
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        asked.append(args)
+        return await recover(*args, **kwargs)
+
+    monkeypatch.setattr(taker, "taken_by_tokens", counted)
+    role = roles["worker"]
+    _alter_role(db, role, "SET lock_timeout = '100ms'")
+    worker_app = make_app(dsn_as(dsn, role), schema)
+    products_queue(worker_app, "shops", concurrency=2)
+    products_queue(app, "shops")
+    job_id = app.enqueue("shops", "acme", "products")
+    try:
+        with psycopg.connect(dsn) as holder:
+            holder.execute(
+                sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(
+                    sql.Identifier(schema, "jobs")
+                )
+            )
+            with running_worker(worker_app):
+                time.sleep(2)
+                holder.rollback()
+                wait_for(
+                    lambda: job_row(db, schema, job_id)["status"] == "completed",
+                    15,
+                    "the job, once the lock is gone",
+                )
+    finally:
+        worker_app.close()
+    assert asked == [], f"{len(asked)} recoveries for takes the server refused"

@@ -11,6 +11,9 @@ from __future__ import annotations
 import logging
 import sys
 
+import psycopg
+
+from synclane.connection import lost_connection
 from synclane.errors import first_line
 
 log = logging.getLogger("synclane")
@@ -18,20 +21,18 @@ log = logging.getLogger("synclane")
 # How long a worker waits between tries while the database is away.
 OUTAGE_BACKOFF = (0.2, 0.5, 1.0, 2.0, 5.0)
 
-# SQLSTATEs that say the connection is gone or was never made, although the server sent them: a
-# connection exception (class 08), the server shutting down or starting (57P01–57P03), too many
-# connections (53300). psycopg's own connection errors (and synclane's ServerReadOnly, a failover)
-# carry no SQLSTATE at all.
-AWAY_STATES = frozenset({"57P01", "57P02", "57P03", "53300"})
+# A connection the server would not open (too many clients) is a database out of reach too.
+CONNECT_REFUSALS = frozenset({"53300"})
 
 
 def refused_by_server(error: BaseException) -> bool:
     """Whether the server answered `error` for a statement it refused, on a connection that
-    still works (as against a database that cannot be reached)."""
-    state = getattr(error, "sqlstate", None)
-    if not state:
+    still works (as against a database that cannot be reached: no answer, a broken or refused
+    connection, a server shutting down or read-only after a failover, which carries no
+    SQLSTATE)."""
+    if not isinstance(error, psycopg.OperationalError) or error.sqlstate in CONNECT_REFUSALS:
         return False
-    return not state.startswith("08") and state not in AWAY_STATES
+    return not lost_connection(error)
 
 
 def outage_text(error: BaseException) -> str:

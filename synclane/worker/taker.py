@@ -23,6 +23,7 @@ from psycopg import errors
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
+from synclane.connection import lost_connection
 from synclane.params import Bigints, Uuids
 from synclane.read_only import AsyncReadOnlyAwareRawCursor
 from synclane.store import Store
@@ -277,7 +278,9 @@ class Taker:
                 # Another worker won a lane in the same instant (or PostgreSQL broke a deadlock
                 # with it): nothing was written, ask again.
                 continue
-            except psycopg.OperationalError:
+            except psycopg.OperationalError as error:
+                if not lost_connection(error):
+                    raise  # the server answered and refused: nothing was written
                 # The answer was lost: the statement may have committed. Jobs leased under these
                 # tokens are this worker's to run; were the completions not made, ask again.
                 found = await self._recover([token], finished)
@@ -333,7 +336,9 @@ class Taker:
             except (errors.UniqueViolation, errors.TransactionRollback):
                 races += 1  # another taker won the slot, or a deadlock was broken: look again
                 continue
-            except psycopg.OperationalError:
+            except psycopg.OperationalError as error:
+                if not lost_connection(error):
+                    raise  # refused, not lost: nothing was taken
                 found = await self._recover([token], [])
                 if found is not None and found.jobs:
                     return found.jobs[0]
