@@ -65,7 +65,7 @@ def through_outage(
             sleep(OUTAGE_BACKOFF[min(tries, len(OUTAGE_BACKOFF) - 1)])
             tries += 1
             continue
-        outage.reached()
+        outage.reached(what)
         return result
 
 

@@ -306,6 +306,20 @@ def test_through_a_transaction_pooler_a_stricter_isolation_is_said_once(
     assert len(said) == 1 and "read committed" in said[0], said
 
 
+REFUSED = ": the database refused the statement"
+AGAIN = "the database takes the statement again"
+
+
+def _said(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
+
+
+def _refused(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """The statements (parts of the worker) said to be refused, in order."""
+    return [line.split(REFUSED)[0] for line in _said(caplog) if REFUSED in line]
+
+
+@pytest.mark.parametrize("table", ["jobs", "lane_wakes"])
 def test_a_statement_the_server_refuses_is_not_logged_as_an_unreachable_database(
     app: SyncLane,
     dsn: str,
@@ -313,12 +327,15 @@ def test_a_statement_the_server_refuses_is_not_logged_as_an_unreachable_database
     db: psycopg.Connection[Any],
     roles: dict[str, str],
     caplog: pytest.LogCaptureFixture,
+    table: str,
 ) -> None:
-    """A role's `lock_timeout`, and a user's transaction that holds the jobs table (a migration of
-    their own, a `LOCK TABLE`): every take ends in "canceling statement due to lock timeout".
-    The server answered; the worker logged "cannot reach the database (LockNotAvailable …)",
-    which sends whoever reads it to the network. It says the database refused the statement,
-    once, and once that it takes them again; the job runs when the lock goes."""
+    """A role's `lock_timeout`, and a user's transaction that holds a table (a migration of their
+    own, a `LOCK TABLE`): every statement that reads it ends in "canceling statement due to lock
+    timeout". The server answered; the worker logged "cannot reach the database
+    (LockNotAvailable …)", which sends whoever reads it to the network, and with `lane_wakes`
+    held (only the lanes' mend reads it) it would have said at every round of the chores that the
+    database was away and back. It says once which statement the database refuses, and once that
+    it takes it again; the job runs."""
     role = roles["worker"]
     _alter_role(db, role, "SET lock_timeout = '100ms'")
     worker_app = make_app(dsn_as(dsn, role), schema)
@@ -329,29 +346,41 @@ def test_a_statement_the_server_refuses_is_not_logged_as_an_unreachable_database
         with caplog.at_level(logging.INFO, logger="synclane"), psycopg.connect(dsn) as holder:
             holder.execute(
                 sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(
-                    sql.Identifier(schema, "jobs")
+                    sql.Identifier(schema, table)
                 )
             )
             with running_worker(worker_app):
                 wait_for(
-                    lambda: any("refused" in r.getMessage() for r in caplog.records),
+                    lambda: _refused(caplog),
                     15,
                     "the worker to say that the database refused its statement",
                 )
+                time.sleep(3.5)  # three rounds of the chores at least (CHORE_SPACING)
+                held = [r.getMessage() for r in caplog.records]
                 holder.rollback()
                 wait_for(
                     lambda: job_row(db, schema, job_id)["status"] == "completed",
                     15,
                     "the job, once the lock is gone",
                 )
+                wait_for(
+                    lambda: all(f"{part}: {AGAIN}" in _said(caplog) for part in _refused(caplog)),
+                    15,
+                    "each refused statement to be said to go through again",
+                )
     finally:
         worker_app.close()
-    said = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
+    said = _said(caplog)
     assert not [line for line in said if "cannot reach" in line], said
-    refused = [line for line in said if "refused" in line]
-    assert len(refused) == 1, said
-    assert "LockNotAvailable: canceling statement due to lock timeout" in refused[0], refused
-    assert [line for line in said if "takes the statements again" in line], said
+    refused = [line for line in said if REFUSED in line]
+    parts = _refused(caplog)
+    assert parts and len(parts) == len(refused), said  # each statement said once
+    if table == "lane_wakes":  # only the mend reads it: the takes go on
+        assert parts == ["queue shops: mending the lanes' hints"], said
+    assert all(
+        "(LockNotAvailable: canceling statement due to lock timeout)" in line for line in refused
+    )
+    assert not [line for line in held if AGAIN in line], held
     assert not [r for r in caplog.records if r.exc_info], "a traceback for a refused statement"
 
 

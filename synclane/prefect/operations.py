@@ -312,9 +312,10 @@ def watch_history(
         if history.settled or remaining <= 0:
             return history, rows
         sleep(min(poll_seconds, remaining))
+        what = f"the backfill of {queue}.{type}"
         try:
             history, rows = look()
         except AWAY as error:
-            outage.lost(f"the backfill of {queue}.{type}", error)
+            outage.lost(what, error)
         else:
-            outage.reached()
+            outage.reached(what)

@@ -160,14 +160,17 @@ class Duties:
             for queue in self.queues:
                 # an outage (or a refused statement) is said once by the writer's Outage; a
                 # chore that fails otherwise says so at each round
+                mend = f"queue {queue.name}: mending the lanes' hints"
                 try:
                     woken = await self._mend_lanes(queue)
                 except psycopg.OperationalError as error:
-                    writer.outage.lost(f"queue {queue.name}: mending the lanes' hints", error)
+                    writer.outage.lost(mend, error)
                     woken = 0
                 except psycopg.Error as error:
                     log.warning("mending the lanes' hints failed: %s", error_text(error))
                     woken = 0
+                else:
+                    writer.outage.reached(mend)
                 try:
                     rows, freed = await reclaim(writer, queue)
                 except LeaseLost:

@@ -77,13 +77,13 @@ class Writer:
                 if isinstance(error, psycopg.OperationalError):
                     self.outage.lost(name, error)
                 if delay is None or time.monotonic() + delay > deadline:
-                    reason = self.outage.too_long()
+                    reason = self.outage.too_long(name)
                     if not chore:
                         log.warning("giving up on %s: %s (%s)", name, reason, outage_text(error))
                     raise LeaseLost(reason) from error
                 await asyncio.sleep(delay)
                 continue
-            self.outage.reached()
+            self.outage.reached(name)
             return result
         raise AssertionError("unreachable")
 

@@ -42,37 +42,48 @@ def outage_text(error: BaseException) -> str:
 
 
 class Outage:
-    """Whether this worker found the database away or refusing its statements: said once when
-    it starts, once when it ends, whichever part of the worker notices."""
+    """What this worker found: the database out of reach (said once when it goes, once when it
+    is back, whichever part of the worker notices), and the parts whose statements the server
+    refuses (each said once when it starts, once when that part's statement goes through: a lock
+    on one table refuses some statements while the others go on)."""
 
     def __init__(self) -> None:
         self.down = False
-        self.refused = False  # the server answered, and refused
+        self.refusing: set[str] = set()
 
-    def lost(self, what: str, error: BaseException) -> None:
+    def lost(self, what: str, error: BaseException, part: str | None = None) -> None:
+        """`what` failed with `error`; `part` (else `what`) names the statement for a refusal,
+        so that slots refused one after the other say it once."""
+        part = what if part is None else part
+        if refused_by_server(error):
+            if part not in self.refusing:
+                self.refusing.add(part)
+                log.warning(
+                    "%s: the database refused the statement (%s); retrying",
+                    part,
+                    outage_text(error),
+                )
+            return
         if self.down:
             return
         self.down = True
-        self.refused = refused_by_server(error)
         text = outage_text(error)
-        if self.refused:
-            log.warning("%s: the database refused the statement (%s); retrying", what, text)
-            return
         embedded = sys.modules.get("synclane.embedded")  # loaded where the app uses it
         if embedded is not None and (notes := embedded.crash_notes()):
             text = notes[0]
         log.warning("%s cannot reach the database (%s); retrying", what, text)
 
-    def reached(self) -> None:
+    def reached(self, part: str) -> None:
+        """A statement of `part` went through."""
         if self.down:
             self.down = False
-            if self.refused:
-                log.info("the database takes the statements again")
-            else:
-                log.info("reached the database again")
+            log.info("reached the database again")
+        if part in self.refusing:
+            self.refusing.discard(part)
+            log.info("%s: the database takes the statement again", part)
 
-    def too_long(self) -> str:
-        """Why a write gave up, for LeaseLost."""
-        if self.refused:
+    def too_long(self, part: str) -> str:
+        """Why a write of `part` gave up, for LeaseLost."""
+        if part in self.refusing:
             return "the database refused the statement for too long"
         return "the database was unreachable for too long"

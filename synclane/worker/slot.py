@@ -194,6 +194,7 @@ class Slot:
     async def _loop(self) -> None:
         crew = self.crew
         outage = 0
+        take = f"queue {self.queue.name}: taking jobs"  # one part for every slot of the queue
         while not crew.stopping:
             try:
                 asked = time.monotonic()
@@ -201,11 +202,11 @@ class Slot:
             except psycopg.OperationalError as error:
                 delay = OUTAGE_BACKOFF[min(outage, len(OUTAGE_BACKOFF) - 1)]
                 outage += 1
-                crew.writer.outage.lost(f"slot {self.queue.name}/{self.number}", error)
+                crew.writer.outage.lost(f"slot {self.queue.name}/{self.number}", error, take)
                 await crew.pause(delay)
                 continue
             outage = 0
-            crew.writer.outage.reached()
+            crew.writer.outage.reached(take)
             if turn is None or turn.job is None:
                 await crew.pause(crew.poll_interval, self.wake())
                 continue

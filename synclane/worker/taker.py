@@ -356,6 +356,7 @@ class Taker:
         """What a take whose answer was lost did; None when it did not commit. Asked through
         a short outage; when the database stays away, the OperationalError is raised (jobs it
         may have taken are reclaimed when their leases expire)."""
+        what = f"queue {self.queue}: a take whose answer was lost"
         for delay in (*OUTAGE_BACKOFF, None):
             try:
                 async with self.pool.connection() as conn:
@@ -363,11 +364,11 @@ class Taker:
                         conn, self.store, self.worker, tokens, finished, self.max_attempts
                     )
             except psycopg.OperationalError as error:
-                self.outage.lost(f"queue {self.queue}: a take whose answer was lost", error)
+                self.outage.lost(what, error)
                 if delay is None:
                     raise
                 await asyncio.sleep(delay)
                 continue
-            self.outage.reached()
+            self.outage.reached(what)
             return batch if committed else None
         raise AssertionError("unreachable")
