@@ -429,3 +429,43 @@ def test_a_take_the_server_refuses_is_not_taken_for_a_lost_answer(
     finally:
         worker_app.close()
     assert asked == [], f"{len(asked)} recoveries for takes the server refused"
+
+
+def test_a_planning_round_the_server_refuses_is_said_once_and_not_as_an_error(
+    app: SyncLane,
+    dsn: str,
+    schema: str,
+    db: psycopg.Connection[Any],
+    roles: dict[str, str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The worker's planner logged `ERROR planning queue shops failed: LockNotAvailable …` at
+    every round while a user's lock held the owners table (and "failed" with the connection's
+    error at every round of a database outage): it is an outage like the slots', said once."""
+    role = roles["worker"]
+    _alter_role(db, role, "SET lock_timeout = '100ms'")
+    worker_app = make_app(dsn_as(dsn, role), schema, plan_interval=0.5)
+    orders_and_products(worker_app, ACCOUNTS[:2])
+    orders_and_products(app, ACCOUNTS[:2])
+    try:
+        with caplog.at_level(logging.INFO, logger="synclane"), psycopg.connect(dsn) as holder:
+            holder.execute(
+                sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(
+                    sql.Identifier(schema, "owners")
+                )
+            )
+            with running_worker(worker_app):
+                time.sleep(3)  # rounds every 0.5 s
+                holder.rollback()
+                wait_for(lambda: len(app.jobs()) > 0, 15, "a plan, once the lock is gone")
+                wait_for(
+                    lambda: any(AGAIN in line for line in _said(caplog)),
+                    15,
+                    "the planner to say that its statement goes through again",
+                )
+    finally:
+        worker_app.close()
+    said = _said(caplog)
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], said
+    assert _refused(caplog) == ["planning queue shops"], said
+    assert "planning queue shops: the database takes the statement again" in said, said

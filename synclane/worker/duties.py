@@ -18,11 +18,12 @@ import psycopg
 
 from synclane.bridge import in_thread
 from synclane.connection import Database
-from synclane.errors import OwnerSourceError, error_text
+from synclane.errors import DatabaseUnavailable, OwnerSourceError, error_text
 from synclane.events import Kind
 from synclane.queues import Queue
 from synclane.wakeup import notify_work_async
 from synclane.worker.lease import LeaseLost
+from synclane.worker.outage import refused_by_server
 from synclane.worker.reclaim import reclaim
 from synclane.worker.slot import Crew, describe
 from synclane.worker.taker import LeasedJob
@@ -115,16 +116,25 @@ class Duties:
 
     async def _plan_queue(self, queue: Queue) -> bool:
         """One planning round of a queue; False when another process was planning it."""
-        assert self.plan is not None
+        assert self.plan is not None and self._crew is not None
         plan = self.plan
+        outage = self._crew.writer.outage
+        part = f"planning queue {queue.name}"
         try:
             added = await in_thread(lambda: plan(queue.name), f"synclane-plan-{queue.name}")
+        except (psycopg.OperationalError, DatabaseUnavailable) as error:
+            # an outage, or a statement refused (a lock, a timeout): said once, as the slots'
+            outage.lost(part, error)
+            # a database out of reach is tried again at the next poll; a refused plan (which may
+            # be a statement too slow for a statement_timeout) at the next round
+            return refused_by_server(error)
         except OwnerSourceError as error:
             log.error("planning queue %s failed: %s", queue.name, error_text(error))
             added = sum(error.added.values())
         except Exception as error:
             log.error("planning queue %s failed: %s", queue.name, error_text(error))
             return True
+        outage.reached(part)
         if added:
             self._nudge()
         return added is not None
