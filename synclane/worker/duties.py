@@ -115,7 +115,8 @@ class Duties:
             await self._pause(min(pause, self.plan_interval).total_seconds())
 
     async def _plan_queue(self, queue: Queue) -> bool:
-        """One planning round of a queue; False when another process was planning it."""
+        """One planning round of a queue; False when another process was planning it, or when
+        the database could not be reached (both are tried again at the next poll)."""
         assert self.plan is not None and self._crew is not None
         plan = self.plan
         outage = self._crew.writer.outage
