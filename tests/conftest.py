@@ -90,6 +90,20 @@ def prefect_server() -> Iterator[str]:
         yield str(PREFECT_API_URL.value())
 
 
+@pytest.fixture(scope="module", autouse=True)
+def prefect_events_stopped() -> Iterator[None]:
+    """After a module that sent Prefect events in this process: its events client stopped.
+    Prefect keeps one per process, with a websocket to the session's server that pings every
+    20 s from a thread of its own (and tries again and again once a server is gone); each ping
+    draws from the `random` module, and Hypothesis, drawing in a later module of the same
+    process, warned "Do not use the random module inside strategies" when one fell inside a
+    draw. The next module to send events gets a new client."""
+    yield
+    worker = sys.modules.get("prefect.events.worker")
+    if worker is not None:
+        worker.EventsWorker.drain_all(timeout=10)
+
+
 @pytest.fixture
 def server_dir() -> Iterator[Path]:
     """A directory for an embedded PostgreSQL's data, outside pytest's temporary directories.
