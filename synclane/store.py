@@ -204,6 +204,14 @@ def sendable(composed: sql.Composed) -> Statement:
     return text.encode("ascii") if text.isascii() else composed
 
 
+def _statement_timeout(conn: psycopg.Connection[Any]) -> str | None:
+    """The connection's statement_timeout, None when it has none (read after a statement it
+    cancelled, whose transaction has rolled back)."""
+    row = conn.execute("SHOW statement_timeout").fetchone()
+    conn.commit()
+    return None if row is None or row[0] == "0" else str(row[0])
+
+
 class Store:
     """The statements, rendered once for one schema, and the schema's version."""
 
@@ -269,6 +277,12 @@ class Store:
                 "run app.migrate() (or `synclane migrate`) once against the primary with a "
                 "connection that may write"
             ) from None
+        except psycopg.errors.QueryCanceled:
+            # by the connection's statement_timeout (a parallel index build reports it as a
+            # "user request" of its workers' leader), or by someone when there is none
+            if (timeout := _statement_timeout(conn)) is None:
+                raise
+            raise self._migration_timed_out(version, timeout) from None
         except psycopg.OperationalError:
             raise
         except psycopg.errors.InsufficientPrivilege as error:
@@ -279,9 +293,23 @@ class Store:
             ) from None
         except psycopg.DatabaseError as error:
             raise self._migration_failed(conn, version, error) from None
-        with conn.transaction():
-            row = conn.execute(self.query("validate_checks")).fetchone()
         quoted = sql.Identifier(self.schema).as_string(None)
+        try:
+            with conn.transaction():
+                row = conn.execute(self.query("validate_checks")).fetchone()
+        except psycopg.errors.QueryCanceled:
+            if _statement_timeout(conn) is None:
+                raise
+            log.warning(
+                "schema %r is at version %d, but the check of its older rows was cut short by "
+                "the connection's statement_timeout; the checks refuse every new write all the "
+                "same. Run SELECT %s.validate_checks() once with a longer one (SET "
+                "statement_timeout = 0 first)",
+                self.schema,
+                SCHEMA_VERSION,
+                quoted,
+            )
+            return SCHEMA_VERSION
         for check in row[0] if row is not None else []:
             log.warning(
                 "schema %r: rows of %s.jobs break its check %s (they were written while the "
@@ -295,6 +323,19 @@ class Store:
                 quoted,
             )
         return SCHEMA_VERSION
+
+    def _migration_timed_out(self, version: int | None, timeout: str) -> SchemaError:
+        """The error of a migration that the connection's statement_timeout ended (managed
+        PostgreSQL often sets one for application roles; an index built on a large jobs table,
+        or a wait for a busy one, takes longer)."""
+        step = "created" if version is None else f"upgraded from version {version}"
+        return SchemaError(
+            f"schema {self.schema!r} could not be {step} to version {SCHEMA_VERSION}: the "
+            f"connection's statement_timeout ({timeout}) ended it; nothing was changed (the "
+            "migration is one transaction). Run it once without one: PGOPTIONS='-c "
+            "statement_timeout=0' synclane migrate, or app.migrate() on a DSN with "
+            "options='-c statement_timeout=0'"
+        )
 
     def _migration_failed(
         self, conn: psycopg.Connection[Any], version: int | None, error: psycopg.Error

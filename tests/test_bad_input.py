@@ -652,3 +652,32 @@ def test_sdk_filters_refuse_what_text_cannot_hold(
     method = getattr(app, call)
     with pytest.raises(ConfigError, match="owner"):
         method("shops", owner=hostile)
+
+
+def test_a_migration_cut_short_by_a_statement_timeout_names_the_setting(
+    dsn: str, db: psycopg.Connection[Any], schema: str
+) -> None:
+    """Managed PostgreSQL often gives application roles a `statement_timeout`; an upgrade that
+    builds an index on a large jobs table, or waits for a busy one (here: a transaction holds
+    it), runs longer. migrate() raised psycopg's bare `QueryCanceled: canceling statement due
+    to statement timeout`, saying neither that nothing was changed nor how to run it without."""
+    SyncLane(dsn, schema=schema).close()
+    # as at version 7, before the index an upgrade builds
+    db.execute(sql.SQL("DROP INDEX {}").format(sql.Identifier(schema, "jobs_history")))
+    versions = sql.Identifier(schema, "schema_version")
+    db.execute(sql.SQL("DELETE FROM {}").format(versions))
+    db.execute(sql.SQL("INSERT INTO {} (version) VALUES (7)").format(versions))
+    hurried = psycopg.conninfo.make_conninfo(dsn, options="-c statement_timeout=500")
+    with psycopg.connect(dsn) as holder:
+        holder.execute(
+            sql.SQL("LOCK TABLE {} IN SHARE MODE").format(sql.Identifier(schema, "jobs"))
+        )
+        with pytest.raises(SchemaError) as raised:
+            SyncLane(hurried, schema=schema)
+    message = str(raised.value)
+    assert "statement_timeout (500ms)" in message and "nothing was changed" in message, message
+    assert "PGOPTIONS='-c statement_timeout=0' synclane migrate" in message, message
+    assert db.execute(sql.SQL("SELECT max(version) FROM {}").format(versions)).fetchone() == (7,)
+    SyncLane(dsn, schema=schema).close()  # as the message says: without the timeout
+    index = db.execute("SELECT to_regclass(%s)", [f'"{schema}".jobs_history']).fetchone()
+    assert index is not None and index[0] is not None
